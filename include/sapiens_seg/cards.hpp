@@ -1,0 +1,58 @@
+// Model cards: one JSON file per checkpoint (cards/*.json), describing where it comes from, its
+// full SHA-256, its licence, labels and preprocessing. Extra folders are read from the
+// SAPIENS_SEG_CARDS environment variable (':'-separated); a card there overrides a bundled card
+// with the same id.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sapiens_seg/export.hpp"
+
+namespace sapiens_seg {
+
+struct Card {
+  std::string id;
+  std::string family;       // "sapiens-v1"
+  std::string description;
+  std::string repo, revision, url;  // empty when unknown
+  std::string file;                 // file name of the checkpoint
+  std::string path_in_repo;         // its path inside the repo (default: file)
+  std::optional<std::uint64_t> size;
+  std::optional<std::string> sha256;  // full lower-case hex; nullopt when no pinned hash exists
+  std::string license_id, license_url;
+  bool commercial_use = false;
+  std::string format;  // "torchscript"
+  int input_height = 0, input_width = 0;
+  std::array<float, 3> mean{}, std{};              // demo (default) normalisation, RGB
+  std::array<float, 3> mean_train{}, std_train{};  // training normalisation, RGB
+  int patch = 0, embed_dim = 0, depth = 0, heads = 0, mlp = 0, head_channels = 0, num_classes = 0;
+  std::string label_set;
+  std::vector<std::string> classes;
+  std::vector<std::array<std::uint8_t, 3>> palette;
+  std::string source;  // the card file it was read from
+};
+
+// Every card visible now (bundled + SAPIENS_SEG_CARDS), sorted by id.
+SAPIENS_SEG_API std::vector<Card> list_cards();
+// The card for `id` (a trailing "@revision" must match the card's revision). Throws
+// Error(kNotFound) listing the known ids.
+SAPIENS_SEG_API Card find_card(const std::string& id);
+// Parse one card file. Throws Error(kFormatError) naming the file and the field.
+SAPIENS_SEG_API Card read_card(const std::string& path);
+
+struct SystemInfo {
+  std::string version, torch_version, opencv_version, openssl_version;
+  int threads = 0;
+  bool cuda_available = false;
+  int cuda_devices = 0;
+  bool kernels_compiled = false;
+  std::vector<std::string> backends;  // modes that can run on this machine, with why not
+  std::vector<std::string> card_dirs;
+};
+SAPIENS_SEG_API SystemInfo system_info();
+
+}  // namespace sapiens_seg

@@ -1,0 +1,131 @@
+// The model API: load() once, then segment() as often as you like, from any thread.
+//
+//   auto model = sapiens_seg::load("sapiens-seg-0.3b-goliath", {.accept_noncommercial = true});
+//   sapiens_seg::Result r = model.segment(sapiens_seg::Input::file("photo.jpg"));
+//   // r.labels: r.height x r.width class indices, row-major; r.classes[r.labels[i]] is the name.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "sapiens_seg/error.hpp"
+#include "sapiens_seg/export.hpp"
+#include "sapiens_seg/options.hpp"
+
+namespace sapiens_seg {
+
+// A borrowed 8-bit RGB image, rows `stride` bytes apart (0 = packed, width * 3).
+struct ImageView {
+  const std::uint8_t* data = nullptr;
+  int height = 0;
+  int width = 0;
+  std::size_t stride = 0;
+};
+
+// One image to segment. Files and encoded bytes are decoded like cv2.imread in the authors' demo:
+// EXIF orientation applied, grey replicated to RGB, alpha dropped (not composited), 16-bit scaled
+// to 8-bit (value / 256). Both sides must be at least 32 pixels.
+class SAPIENS_SEG_API Input {
+ public:
+  static Input file(std::string path);
+  static Input encoded(std::vector<std::uint8_t> bytes);
+  static Input rgb(ImageView view);       // borrowed: must outlive the segment() call
+  static Input rgb_copy(ImageView view);  // copied: the caller's buffer may go away
+
+  enum class Kind { kFile, kEncoded, kRgb };
+  Kind kind() const noexcept { return kind_; }
+  const std::string& path() const noexcept { return path_; }
+  const std::vector<std::uint8_t>& bytes() const noexcept;  // encoded bytes (kEncoded)
+  const ImageView& view() const noexcept { return view_; }
+
+ private:
+  Kind kind_ = Kind::kRgb;
+  std::string path_;
+  // Encoded bytes, or the pixels of rgb_copy(); shared so that copies of an Input stay cheap and
+  // view_ stays valid.
+  std::shared_ptr<const std::vector<std::uint8_t>> bytes_;
+  ImageView view_;
+};
+
+struct Backend {
+  std::string mode;    // "portable", "kernels" or "original"
+  std::string device;  // "cpu", "cuda:0", ...
+  std::string dtype;   // "float32", "float16", "bfloat16"
+};
+
+struct Timings {  // milliseconds, for this call (a batch shares its network time)
+  double decode = 0, preprocess = 0, network = 0, postprocess = 0, total = 0;
+};
+
+struct SAPIENS_SEG_API Result {
+  int height = 0, width = 0;          // the input image's size (after EXIF rotation)
+  std::vector<std::uint8_t> labels;   // height * width class indices, row-major
+  std::vector<float> logits;          // [classes, height, width] when SegmentOptions::logits
+  std::vector<float> raw_logits;      // [classes, raw_height, raw_width] when asked for
+  int raw_height = 0, raw_width = 0;
+  std::vector<std::string> classes;   // class names; index 0 is the background
+  std::vector<std::array<std::uint8_t, 3>> palette;  // RGB per class
+  Backend backend;
+  Timings timings;
+
+  // 1 where the label is not background (what the authors' demo saves as <name>.npy).
+  std::vector<std::uint8_t> foreground() const;
+};
+
+struct ModelInfo {
+  std::string id;       // card id, or the file name for a bare path
+  std::string family;   // "sapiens-v1"
+  std::string path;     // the checkpoint that was loaded
+  std::string sha256;   // verified hash ("" when the file was not verified)
+  std::string license;  // SPDX-like id from the card ("" for a bare path)
+  int input_height = 0, input_width = 0, num_classes = 0;
+  int embed_dim = 0, depth = 0, heads = 0;
+  Backend backend;
+};
+
+// Immutable after load(); copying is cheap (shared). segment() may be called concurrently from
+// several threads on the same Model: no per-call state lives in it.
+class SAPIENS_SEG_API Model {
+ public:
+  Result segment(const Input& input, const SegmentOptions& options = {}) const;
+  // Images of different sizes may be mixed; they share one network batch.
+  std::vector<Result> segment(std::span<const Input> batch, const SegmentOptions& options = {}) const;
+  const ModelInfo& info() const;
+
+  struct Impl;
+  explicit Model(std::shared_ptr<const Impl> impl);
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// `id_or_path` is a card id ("sapiens-seg-0.3b-goliath", optionally "@revision"), or a path to a
+// checkpoint file. Throws sapiens_seg::Error.
+SAPIENS_SEG_API Model load(const std::string& id_or_path, const LoadOptions& options = {});
+
+// An owned 8-bit RGB image.
+struct Image {
+  int height = 0, width = 0;
+  std::vector<std::uint8_t> rgb;  // height * width * 3, row-major
+  ImageView view() const { return {rgb.data(), height, width, 0}; }
+};
+
+// Decodes a file or encoded bytes by the rules of Input (EXIF, grey, alpha, 16-bit, size
+// limits). Throws Error(kNotFound / kIo / kInvalidInput).
+SAPIENS_SEG_API Image read_image(const std::string& path);
+SAPIENS_SEG_API Image read_image(const std::vector<std::uint8_t>& encoded);
+
+// The authors' visualisation: palette colours blended over the image at `opacity`
+// (out = image * (1 - opacity) + colour * opacity, truncated to 8 bits). `image` must have the
+// result's size.
+SAPIENS_SEG_API Image overlay(const Result& result, ImageView image, float opacity = 0.5f);
+
+// Library version ("0.1.0").
+SAPIENS_SEG_API const char* version() noexcept;
+
+}  // namespace sapiens_seg

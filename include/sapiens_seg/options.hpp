@@ -1,0 +1,54 @@
+// Plain option structs: default-constructed values are the sensible defaults, and new fields can
+// be added without breaking callers that use designated initialisers.
+#pragma once
+
+#include <string>
+
+namespace sapiens_seg {
+
+enum class Mode {
+  kAuto,      // kernels where they run and the card's measurements prefer them, else portable
+  kPortable,  // the network re-implemented on LibTorch ops (CPU and CUDA)
+  kKernels,   // the project's CUDA kernels (NVIDIA sm_80+ only)
+  kOriginal,  // the checkpoint's own TorchScript graph, as shipped (Sapiens v1 only)
+};
+
+enum class DType {
+  kDefault,  // fp32 on the CPU, fp16 on CUDA
+  kFloat32,
+  kFloat16,
+  kBFloat16,
+};
+
+// Which per-channel mean/std the image is normalised with. kDemo reproduces the authors'
+// Sapiens-Lite demo (the outputs users compare against); kTraining uses the values the
+// checkpoints were trained with. The difference is below 0.25 on the 0-255 scale.
+enum class Normalization { kDemo, kTraining };
+
+struct LoadOptions {
+  Mode mode = Mode::kAuto;
+  std::string device;  // "" (auto: cuda if present, else cpu), "cpu", "cuda", "cuda:N"
+  DType dtype = DType::kDefault;
+  Normalization normalization = Normalization::kDemo;
+  // Sapiens v1 weights are CC-BY-NC-4.0. They load only when this is true or the environment
+  // sets SAPIENS_SEG_NONCOMMERCIAL=1.
+  bool accept_noncommercial = false;
+  // A card without a pinned SHA-256 loads only when this is true or SAPIENS_SEG_ALLOW_UNVERIFIED=1.
+  bool allow_unverified = false;
+  // Network input size override (0 = the card's, else inferred from the checkpoint). A size other
+  // than the training size resizes the position embedding bicubically, as the eager model does.
+  int input_height = 0;
+  int input_width = 0;
+  // Intra-op CPU threads (0 = LibTorch's default, one per core).
+  int threads = 0;
+};
+
+struct SegmentOptions {
+  // Also return logits at the input's size ([classes, H, W] fp32). They are large: 28 x 12 MP is
+  // 1.3 GB, so they are produced only when asked for.
+  bool logits = false;
+  // Also return the network's own output ([classes, h, w] fp32, before any resize).
+  bool raw_logits = false;
+};
+
+}  // namespace sapiens_seg

@@ -1,0 +1,148 @@
+#include "backends.hpp"
+
+#include <ATen/Context.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/script.h>
+
+#include "sapiens_seg/error.hpp"
+
+namespace sapiens_seg::core {
+
+c10::Device resolve_device(const std::string& device) {
+  const bool cuda = at::hasCUDA();
+  if (device.empty()) return cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  c10::Device d(c10::kCPU);
+  try {
+    d = c10::Device(device);
+  } catch (const c10::Error&) {
+    throw Error(ErrorCode::kInvalidInput,
+                "invalid device '" + device + "' (expected cpu, cuda or cuda:N)");
+  }
+  if (d.is_cpu()) return d;
+  if (!d.is_cuda()) {
+    throw Error(ErrorCode::kBackendUnavailable, "device '" + device + "' is not supported");
+  }
+  if (!cuda) {
+    throw Error(ErrorCode::kBackendUnavailable,
+                "device '" + device + "' requested but no CUDA device is available here");
+  }
+  if (!d.has_index()) d.set_index(0);
+  return d;
+}
+
+at::ScalarType resolve_dtype(DType dtype, const c10::Device& device) {
+  switch (dtype) {
+    case DType::kDefault: return device.is_cuda() ? at::kHalf : at::kFloat;
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat16:
+      if (device.is_cpu()) {
+        throw Error(ErrorCode::kBackendUnavailable,
+                    "float16 is not offered on the CPU (use float32, or bfloat16 on CPUs with "
+                    "AVX512-BF16/AMX)");
+      }
+      return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+  }
+  return at::kFloat;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    default: return c10::toString(t);
+  }
+}
+
+std::string device_name(const c10::Device& d) {
+  return d.is_cpu() ? "cpu" : "cuda:" + std::to_string(d.has_index() ? d.index() : 0);
+}
+
+namespace {
+
+class PortableV1 final : public Runner {
+ public:
+  PortableV1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg, c10::Device device,
+             at::ScalarType dtype)
+      : net_(ckpt.tensors, cfg, device, dtype),
+        backend_{"portable", device_name(device), dtype_name(dtype)} {}
+
+  at::Tensor forward(const at::Tensor& x) const override {
+    return net_.forward(x).to(at::kCPU, at::kFloat).contiguous();
+  }
+  const Backend& backend() const override { return backend_; }
+
+ private:
+  v1::Network net_;
+  Backend backend_;
+};
+
+class OriginalV1 final : public Runner {
+ public:
+  OriginalV1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg, c10::Device device,
+             at::ScalarType dtype)
+      : module_(ckpt.module),
+        cfg_(cfg),
+        device_(device),
+        backend_{"original", device_name(device), dtype_name(dtype)} {
+    if (dtype != at::kFloat) {
+      throw Error(ErrorCode::kBackendUnavailable,
+                  "the original mode runs the authors' graph in float32 only (asked for " +
+                      dtype_name(dtype) + ")");
+    }
+    if (!device.is_cpu()) module_->to(device);
+    module_->eval();
+  }
+
+  at::Tensor forward(const at::Tensor& x) const override {
+    if (x.size(2) != cfg_.grid_h * cfg_.patch || x.size(3) != cfg_.grid_w * cfg_.patch) {
+      throw Error(ErrorCode::kBackendUnavailable,
+                  "the original graph was traced at " + std::to_string(cfg_.grid_h * cfg_.patch) +
+                      "x" + std::to_string(cfg_.grid_w * cfg_.patch) +
+                      " and cannot run another input size; use the portable mode");
+    }
+    c10::InferenceMode guard;
+    // The traced graph is re-entrant: concurrent calls each get their own interpreter frame.
+    at::Tensor y = module_->forward({x.to(device_)}).toTensor();
+    return y.to(at::kCPU, at::kFloat).contiguous();
+  }
+  const Backend& backend() const override { return backend_; }
+
+ private:
+  std::shared_ptr<torch::jit::Module> module_;  // shares the weights read at load time
+  v1::Config cfg_;
+  c10::Device device_;
+  Backend backend_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runner> make_portable_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
+                                         c10::Device device, at::ScalarType dtype) {
+  return std::make_unique<PortableV1>(ckpt, cfg, device, dtype);
+}
+
+std::unique_ptr<Runner> make_original_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
+                                         c10::Device device, at::ScalarType dtype) {
+  return std::make_unique<OriginalV1>(ckpt, cfg, device, dtype);
+}
+
+bool kernels_compiled() {
+#ifdef SAPIENS_SEG_WITH_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string kernels_unavailable_reason(const c10::Device& device) {
+  if (!kernels_compiled()) {
+    return "the kernels backend (fastbb, cudnn_hacc, seg_up) is not compiled into this build";
+  }
+  if (!at::hasCUDA()) return "no CUDA device is available";
+  if (!device.is_cuda()) return "the kernels backend runs on CUDA devices only (device is cpu)";
+  return "";
+}
+
+}  // namespace sapiens_seg::core

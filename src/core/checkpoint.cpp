@@ -1,0 +1,109 @@
+#include "checkpoint.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/script.h>
+
+#include "sapiens_seg/error.hpp"
+
+namespace sapiens_seg::core {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A TorchScript archive is a zip file. Looking at its first and last bytes lets us tell "not an
+// archive at all" from "an archive cut short" (an interrupted copy), which LibTorch reports with
+// the same generic message.
+void check_zip_container(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
+  }
+  if (fs::is_directory(path, ec)) {
+    throw Error(ErrorCode::kInvalidInput, "checkpoint path is a directory: " + path);
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::kIo, "cannot open checkpoint " + path + ": " + std::strerror(errno));
+  const auto size = static_cast<std::uint64_t>(fs::file_size(path, ec));
+  std::array<char, 4> head{};
+  in.read(head.data(), head.size());
+  if (size < 22 || std::memcmp(head.data(), "PK\x03\x04", 4) != 0) {
+    throw Error(ErrorCode::kFormatError,
+                "not a TorchScript archive (no zip signature at the start): " + path +
+                    ". Sapiens v1 *_torchscript.pt2 files are zip archives; was the right file "
+                    "downloaded?");
+  }
+  // The end-of-central-directory record sits in the last 22 bytes plus an optional comment of
+  // at most 64 KiB.
+  const std::uint64_t tail = std::min<std::uint64_t>(size, 22 + 65535);
+  std::vector<char> buf(tail);
+  in.seekg(static_cast<std::streamoff>(size - tail));
+  in.read(buf.data(), static_cast<std::streamsize>(tail));
+  bool found = false;
+  for (std::size_t i = buf.size() - 22 + 1; i-- > 0;) {
+    if (std::memcmp(buf.data() + i, "PK\x05\x06", 4) == 0) {
+      found = true;
+      break;
+    }
+  }
+  if (!found) {
+    throw Error(ErrorCode::kFormatError,
+                "truncated checkpoint (the zip archive has no end-of-central-directory record; "
+                "the file is " + std::to_string(size) + " bytes, probably an interrupted "
+                "download or copy): " + path);
+  }
+}
+
+std::optional<int> heads_from_attention_graph(const torch::jit::Module& attn) {
+  auto method = attn.find_method("forward");
+  if (!method) return std::nullopt;
+  for (torch::jit::Node* node : method->graph()->nodes()) {
+    const auto kind = node->kind();
+    if (kind != c10::aten::reshape && kind != c10::aten::view) continue;
+    torch::jit::Node* list = node->input(1)->node();
+    if (list->kind() != c10::prim::ListConstruct || list->inputs().size() != 5) continue;
+    auto three = torch::jit::toIValue(list->input(2));
+    auto heads = torch::jit::toIValue(list->input(3));
+    if (three && three->isInt() && three->toInt() == 3 && heads && heads->isInt()) {
+      return static_cast<int>(heads->toInt());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TorchScriptCheckpoint open_torchscript(const std::string& path) {
+  check_zip_container(path);
+  TorchScriptCheckpoint ckpt;
+  ckpt.path = path;
+  try {
+    ckpt.module = std::make_shared<torch::jit::Module>(torch::jit::load(path, at::kCPU));
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    why = why.substr(0, why.find('\n'));
+    throw Error(ErrorCode::kFormatError, "cannot read TorchScript archive " + path + ": " + why);
+  }
+  ckpt.module->eval();
+  for (const auto& p : ckpt.module->named_parameters(/*recurse=*/true)) {
+    ckpt.tensors.emplace(p.name, p.value);
+  }
+  for (const auto& b : ckpt.module->named_buffers(/*recurse=*/true)) {
+    ckpt.tensors.emplace(b.name, b.value);
+  }
+  for (const auto& m : ckpt.module->named_modules()) {
+    if (m.name == "backbone.layers.0.attn") {
+      ckpt.heads_from_graph = heads_from_attention_graph(m.value);
+      break;
+    }
+  }
+  return ckpt;
+}
+
+}  // namespace sapiens_seg::core

@@ -1,0 +1,170 @@
+// Model cards (cards/*.json) and where they are looked up.
+#include "sapiens_seg/cards.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "paths.hpp"
+#include "sapiens_seg/error.hpp"
+
+namespace sapiens_seg {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+template <typename T>
+T field(const json& j, const char* key, const std::string& file) {
+  if (!j.contains(key)) {
+    throw Error(ErrorCode::kFormatError, "card " + file + ": missing field '" + key + "'");
+  }
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kFormatError,
+                "card " + file + ": field '" + key + "' has the wrong type (" + e.what() + ")");
+  }
+}
+
+std::string opt_string(const json& j, const char* key) {
+  return j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>() : std::string();
+}
+
+std::array<float, 3> triple(const json& j, const char* key, const std::string& file) {
+  const auto v = field<std::vector<float>>(j, key, file);
+  if (v.size() != 3) {
+    throw Error(ErrorCode::kFormatError, "card " + file + ": '" + key + "' needs 3 values");
+  }
+  return {v[0], v[1], v[2]};
+}
+
+}  // namespace
+
+Card read_card(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorCode::kNotFound, "cannot open card " + path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kFormatError, "card " + path + " is not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw Error(ErrorCode::kFormatError, "card " + path + " is not an object");
+  if (field<int>(j, "schema", path) != 1) {
+    throw Error(ErrorCode::kFormatError, "card " + path + ": unsupported schema version");
+  }
+  Card c;
+  c.source = path;
+  c.id = field<std::string>(j, "id", path);
+  c.family = field<std::string>(j, "family", path);
+  c.description = opt_string(j, "description");
+  c.repo = opt_string(j, "repo");
+  c.revision = opt_string(j, "revision");
+  c.url = opt_string(j, "url");
+  c.file = field<std::string>(j, "file", path);
+  if (c.file.empty() || c.file.find('/') != std::string::npos || c.file == "." || c.file == "..") {
+    throw Error(ErrorCode::kFormatError, "card " + path + ": 'file' must be a plain file name");
+  }
+  c.path_in_repo = opt_string(j, "path_in_repo");
+  if (c.path_in_repo.empty()) c.path_in_repo = c.file;
+  if (j.contains("size") && j["size"].is_number_unsigned()) c.size = j["size"].get<std::uint64_t>();
+  if (j.contains("sha256") && !j["sha256"].is_null()) {
+    std::string h = field<std::string>(j, "sha256", path);
+    const bool hex = h.size() == 64 && std::all_of(h.begin(), h.end(), [](char ch) {
+                       return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+                     });
+    if (!hex) {
+      throw Error(ErrorCode::kFormatError,
+                  "card " + path + ": sha256 must be 64 lower-case hex digits or null");
+    }
+    c.sha256 = h;
+  }
+  const auto lic = field<json>(j, "license", path);
+  c.license_id = field<std::string>(lic, "id", path);
+  c.license_url = opt_string(lic, "url");
+  c.commercial_use = field<bool>(lic, "commercial_use", path);
+  c.format = field<std::string>(j, "format", path);
+  const auto input = field<json>(j, "input", path);
+  c.input_height = field<int>(input, "height", path);
+  c.input_width = field<int>(input, "width", path);
+  const auto pre = field<json>(j, "preprocess", path);
+  c.mean = triple(pre, "mean", path);
+  c.std = triple(pre, "std", path);
+  c.mean_train = triple(pre, "mean_train", path);
+  c.std_train = triple(pre, "std_train", path);
+  const auto arch = field<json>(j, "arch", path);
+  c.patch = field<int>(arch, "patch", path);
+  c.embed_dim = field<int>(arch, "embed_dim", path);
+  c.depth = field<int>(arch, "depth", path);
+  c.heads = field<int>(arch, "heads", path);
+  c.mlp = field<int>(arch, "mlp", path);
+  c.head_channels = field<int>(arch, "head_channels", path);
+  c.num_classes = field<int>(arch, "num_classes", path);
+  const auto labels = field<json>(j, "labels", path);
+  c.label_set = field<std::string>(labels, "name", path);
+  c.classes = field<std::vector<std::string>>(labels, "classes", path);
+  for (const auto& rgb : field<std::vector<std::vector<int>>>(labels, "palette", path)) {
+    if (rgb.size() != 3 || std::any_of(rgb.begin(), rgb.end(), [](int v) { return v < 0 || v > 255; })) {
+      throw Error(ErrorCode::kFormatError, "card " + path + ": palette entries are [r,g,b] 0-255");
+    }
+    c.palette.push_back({static_cast<std::uint8_t>(rgb[0]), static_cast<std::uint8_t>(rgb[1]),
+                         static_cast<std::uint8_t>(rgb[2])});
+  }
+  if (static_cast<int>(c.classes.size()) != c.num_classes ||
+      static_cast<int>(c.palette.size()) != c.num_classes) {
+    throw Error(ErrorCode::kFormatError,
+                "card " + path + ": classes and palette must have num_classes entries");
+  }
+  if (c.input_height <= 0 || c.input_width <= 0 || c.patch <= 0 || c.heads <= 0) {
+    throw Error(ErrorCode::kFormatError, "card " + path + ": sizes must be positive");
+  }
+  return c;
+}
+
+std::vector<Card> list_cards() {
+  // Earlier folders win: SAPIENS_SEG_CARDS overrides the bundled cards.
+  std::map<std::string, Card> by_id;
+  for (const auto& dir : io::card_dirs()) {
+    std::error_code ec;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      if (e.path().extension() == ".json") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      Card c = read_card(f.string());
+      by_id.emplace(c.id, std::move(c));
+    }
+  }
+  std::vector<Card> out;
+  for (auto& [id, c] : by_id) out.push_back(std::move(c));
+  return out;
+}
+
+Card find_card(const std::string& id_with_rev) {
+  const auto at = id_with_rev.find('@');
+  const std::string id = id_with_rev.substr(0, at);
+  const std::string rev = at == std::string::npos ? "" : id_with_rev.substr(at + 1);
+  const auto cards = list_cards();
+  for (const auto& c : cards) {
+    if (c.id != id) continue;
+    if (!rev.empty() && c.revision.rfind(rev, 0) != 0) {
+      throw Error(ErrorCode::kNotFound, "model '" + id + "' has revision " +
+                                            (c.revision.empty() ? "(none)" : c.revision) +
+                                            ", not '" + rev + "'");
+    }
+    return c;
+  }
+  std::ostringstream os;
+  os << "unknown model '" << id << "'. Known models:";
+  for (const auto& c : cards) os << ' ' << c.id;
+  os << ". Add card folders with SAPIENS_SEG_CARDS, or pass a checkpoint path.";
+  throw Error(ErrorCode::kNotFound, os.str());
+}
+
+}  // namespace sapiens_seg

@@ -1,0 +1,34 @@
+// Image decoding and resizing (OpenCV). Images travel as 8-bit RGB cv::Mat inside the library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "sapiens_seg/model.hpp"
+
+namespace sapiens_seg::io {
+
+constexpr int kMinSide = 32;                     // smaller images carry no usable person
+constexpr std::int64_t kMaxPixels = 1LL << 28;   // 268 MP: far past any camera, bounds memory
+
+// Decodes like cv2.imread(path) in the authors' demo (IMREAD_COLOR: EXIF orientation applied,
+// grey replicated, alpha dropped, 16-bit reduced to its high byte), then converts BGR to RGB.
+// `what` names the image in error messages. Throws Error(kNotFound / kIo / kInvalidInput).
+cv::Mat decode_file(const std::string& path);
+cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what);
+// Any 8/16-bit grey, BGR or BGRA cv::Mat to RGB8 by the same rules.
+cv::Mat to_rgb8(const cv::Mat& bgr_like, const std::string& what);
+// Wraps an RGB view without copying.
+cv::Mat wrap_view(const ImageView& view, const std::string& what);
+// Any input kind to an RGB8 image.
+cv::Mat load_input(const Input& input, const std::string& what);
+
+void check_size(int height, int width, const std::string& what);
+
+// cv2.resize(..., INTER_LINEAR), as the authors' demo resizes to the network input.
+cv::Mat resize_linear(const cv::Mat& rgb, int height, int width);
+
+}  // namespace sapiens_seg::io

@@ -1,0 +1,277 @@
+// The public API through libsapiens_seg, as an application uses it: end-to-end parity with the
+// authors' recipe, batches, input kinds, errors, cards and weights, threads.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "sapiens_seg/sapiens_seg.hpp"
+#include "test_util.hpp"
+
+using namespace sapiens_seg;
+namespace fs = std::filesystem;
+using sapiens_seg::test::fixture;
+using sapiens_seg::test::read_npy;
+
+namespace {
+
+template <typename Fn>
+void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+    FAIL() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? setenv(name, value->c_str(), 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? setenv(name_, old_->c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Every source image that has a reference, by stem.
+std::vector<std::pair<std::string, std::string>> reference_images() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& dir : {fixture("images"), fixture("examples")}) {
+    if (!fs::exists(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      out.emplace_back(e.path().stem().string(), e.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+struct Compared {
+  double max_logit_diff = 0;
+  std::int64_t differ = 0, differ_not_tie = 0;
+};
+
+Compared compare(const Result& r, const fs::path& ref_dir) {
+  Compared c;
+  const auto logits = read_npy((ref_dir / "logits.npy").string());
+  const auto labels = read_npy((ref_dir / "labels.npy").string());
+  const auto gap = read_npy((ref_dir / "top2_gap.npy").string());
+  EXPECT_EQ(labels.shape, (std::vector<std::int64_t>{r.height, r.width}));
+  EXPECT_EQ(static_cast<std::int64_t>(r.raw_logits.size()), logits.numel());
+  for (std::int64_t i = 0; i < logits.numel() && i < static_cast<std::int64_t>(r.raw_logits.size()); ++i) {
+    c.max_logit_diff = std::max(c.max_logit_diff,
+                                static_cast<double>(std::abs(r.raw_logits[i] - logits.as<float>()[i])));
+  }
+  for (std::size_t i = 0; i < r.labels.size(); ++i) {
+    if (r.labels[i] != labels.as<std::uint8_t>()[i]) {
+      ++c.differ;
+      // A label may differ only where the reference's two best classes are closer than what
+      // the logit bar allows.
+      if (gap.as<float>()[i] > 2 * 0.002f) ++c.differ_not_tie;
+    }
+  }
+  return c;
+}
+
+Model load_fixture(const std::string& name, LoadOptions o = {}) {
+  return load(fixture(name + "_torchscript.pt2"), o);
+}
+
+}  // namespace
+
+class ParityApi : public ::testing::TestWithParam<std::tuple<std::string, Mode>> {};
+
+TEST_P(ParityApi, FilesEndToEndMatchTheAuthorsRecipe) {
+  const auto& [name, mode] = GetParam();
+  const Model m = load_fixture(name, {.mode = mode});
+  EXPECT_EQ(m.info().backend.device, "cpu");
+  EXPECT_EQ(m.info().backend.dtype, "float32");
+  const double bar = mode == Mode::kOriginal ? 1e-5 : 0.002;
+  int n = 0;
+  for (const auto& [stem, path] : reference_images()) {
+    const Result r = m.segment(Input::file(path), {.raw_logits = true});
+    const Compared c = compare(r, fixture("ref/" + name + "/" + stem));
+    std::printf("%s %s %s (%dx%d): max |logit diff| %.3g, %lld labels differ (%lld not at a tie)\n",
+                name.c_str(), r.backend.mode.c_str(), stem.c_str(), r.width, r.height,
+                c.max_logit_diff, static_cast<long long>(c.differ),
+                static_cast<long long>(c.differ_not_tie));
+    EXPECT_LE(c.max_logit_diff, bar) << stem;
+    EXPECT_EQ(c.differ_not_tie, 0) << stem;
+    ++n;
+  }
+  EXPECT_GE(n, 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Parity, ParityApi,
+                         ::testing::Combine(::testing::Values("tiny_a", "tiny_b"),
+                                            ::testing::Values(Mode::kPortable, Mode::kOriginal)));
+
+TEST(ParityApiBatch, MixedSizesInOneBatchEqualSingleCalls) {
+  const Model m = load_fixture("tiny_b", {.mode = Mode::kPortable});
+  std::vector<Input> batch;
+  for (const auto& [stem, path] : reference_images()) batch.push_back(Input::file(path));
+  ASSERT_GE(batch.size(), 3u);
+  const auto results = m.segment(batch, {.raw_logits = true});
+  ASSERT_EQ(results.size(), batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Result one = m.segment(batch[i], {.raw_logits = true});
+    double d = 0;
+    for (std::size_t k = 0; k < one.raw_logits.size(); ++k) {
+      d = std::max(d, static_cast<double>(std::abs(one.raw_logits[k] - results[i].raw_logits[k])));
+    }
+    EXPECT_LE(d, 1e-4) << batch[i].path();
+    EXPECT_EQ(results[i].height, one.height);
+    std::int64_t differ = 0;
+    for (std::size_t k = 0; k < one.labels.size(); ++k) differ += one.labels[k] != results[i].labels[k];
+    EXPECT_LE(differ, static_cast<std::int64_t>(one.labels.size() / 10000)) << batch[i].path();
+  }
+}
+
+TEST(UnitApi, InputKindsAgree) {
+  const Model m = load_fixture("tiny_a");
+  const std::string path = fixture("images/synth_300x211.png");
+  const Result from_file = m.segment(Input::file(path));
+  std::ifstream in(path, std::ios::binary);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const Result from_bytes = m.segment(Input::encoded(bytes));
+  const Image img = read_image(path);
+  const Result from_view = m.segment(Input::rgb(img.view()));
+  const Result from_copy = m.segment(Input::rgb_copy(img.view()));
+  EXPECT_EQ(from_file.labels, from_bytes.labels);
+  EXPECT_EQ(from_file.labels, from_view.labels);
+  EXPECT_EQ(from_file.labels, from_copy.labels);
+  EXPECT_EQ(from_file.width, 211);
+  EXPECT_EQ(from_file.height, 300);
+  EXPECT_EQ(from_file.classes.size(), 28u);
+  EXPECT_EQ(from_file.classes[0], "Background");  // goliath-28 names for a bare 28-class file
+  const auto fg = from_file.foreground();
+  for (std::size_t i = 0; i < fg.size(); ++i) EXPECT_EQ(fg[i], from_file.labels[i] != 0);
+  const Image ov = overlay(from_file, img.view(), 0.5f);
+  EXPECT_EQ(ov.rgb.size(), img.rgb.size());
+  const auto& c = from_file.palette[from_file.labels[0]];
+  EXPECT_EQ(ov.rgb[0], static_cast<std::uint8_t>(img.rgb[0] * 0.5f + c[0] * 0.5f));
+  expect_error([&] { overlay(from_file, m.segment(Input::file(fixture("images/synth_33x47.png"))).labels.empty() ? img.view() : ImageView{img.rgb.data(), 10, 10, 0}); },
+               ErrorCode::kInvalidInput, {"overlay"});
+}
+
+TEST(UnitApi, LogitsOnlyWhenAskedAndConsistentWithLabels) {
+  const Model m = load_fixture("tiny_a");
+  const Input in = Input::file(fixture("images/synth_33x47.png"));
+  const Result plain = m.segment(in);
+  EXPECT_TRUE(plain.logits.empty());
+  EXPECT_TRUE(plain.raw_logits.empty());
+  const Result full = m.segment(in, {.logits = true});
+  ASSERT_EQ(full.logits.size(), 28u * 33 * 47);
+  const std::size_t plane = 33 * 47;
+  for (std::size_t p = 0; p < plane; ++p) {
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < 28; ++k) {
+      if (full.logits[k * plane + p] > full.logits[best * plane + p]) best = k;
+    }
+    EXPECT_EQ(best, full.labels[p]);
+  }
+  EXPECT_EQ(plain.labels, full.labels);
+}
+
+TEST(UnitApi, BadInputsAndModes) {
+  const Model m = load_fixture("tiny_a");
+  std::vector<std::uint8_t> small(31 * 40 * 3, 128);
+  expect_error([&] { m.segment(Input::rgb({small.data(), 31, 40, 0})); }, ErrorCode::kInvalidInput,
+               {"at least 32"});
+  expect_error([&] { m.segment(Input::file(fixture("nope.png"))); }, ErrorCode::kNotFound, {"nope.png"});
+  expect_error([&] { m.segment(Input::encoded({'j', 'u', 'n', 'k'})); }, ErrorCode::kInvalidInput,
+               {"cannot decode"});
+  expect_error([] { load_fixture("tiny_a", {.mode = Mode::kKernels}); },
+               ErrorCode::kBackendUnavailable, {"kernels"});
+  expect_error([] { load_fixture("tiny_a", {.dtype = DType::kFloat16}); },
+               ErrorCode::kBackendUnavailable, {"float16"});
+  expect_error([] { load_fixture("tiny_a", {.mode = Mode::kOriginal, .dtype = DType::kBFloat16}); },
+               ErrorCode::kBackendUnavailable, {"float32"});
+  expect_error([] { load_fixture("tiny_a", {.mode = Mode::kOriginal, .input_height = 512}); },
+               ErrorCode::kBackendUnavailable, {"original"});
+  expect_error([] { load_fixture("tiny_a", {.device = "cuda:0"}); }, ErrorCode::kBackendUnavailable,
+               {"CUDA"});
+  expect_error([] { load_fixture("broken_wrong_shape"); }, ErrorCode::kFormatError,
+               {"broken_wrong_shape", "wrong shape"});
+  expect_error([] { load(fixture("broken_not_zip.pt2")); }, ErrorCode::kFormatError,
+               {"not a TorchScript archive"});
+  expect_error([] { load(fixture("broken_truncated.pt2")); }, ErrorCode::kFormatError, {"truncated"});
+  expect_error([] { load(fixture("broken_missing_tensor.pt2")); }, ErrorCode::kFormatError,
+               {"decode_head.conv_layers.0.bias"});
+  expect_error([] { load(fixture("broken_unexpected_tensor.pt2")); }, ErrorCode::kFormatError,
+               {"backbone.cls_token"});
+  expect_error([] { load(fixture("broken_wrong_dtype.pt2")); }, ErrorCode::kFormatError, {"Double"});
+}
+
+TEST(UnitApi, CardsWeightsLicenceAndHashes) {
+  const fs::path tmp = fs::temp_directory_path() / ("sapiens_seg_api_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  ScopedEnv home("SAPIENS_SEG_HOME", (tmp / "home").string());
+  ScopedEnv hf("HF_HUB_CACHE", (tmp / "hf").string());
+  ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
+  ScopedEnv nc("SAPIENS_SEG_NONCOMMERCIAL", std::nullopt);
+  ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", std::nullopt);
+
+  // The bundled v1 cards: licence first, then where the file should go.
+  expect_error([] { load("sapiens-seg-0.3b-goliath"); }, ErrorCode::kLicenseNotAccepted,
+               {"CC-BY-NC-4.0", "--accept-noncommercial"});
+  expect_error([] { load("sapiens-seg-0.3b-goliath", {.accept_noncommercial = true}); },
+               ErrorCode::kNotFound,
+               {"sapiens_0.3b_goliath_best_goliath_mIoU_7673_epoch_194_torchscript.pt2",
+                "735a9a8d63fe8f3f6a4ca3d787de07e69b1f9708ad550e09bb33c9854b7eafbc",
+                "https://huggingface.co/facebook/sapiens-seg-0.3b-torchscript/resolve/",
+                (tmp / "home" / "weights").string()});
+
+  // A fixture card overlay: found by id once the file is in the weights folder, hash verified.
+  {
+    ScopedEnv placed("SAPIENS_SEG_WEIGHTS_PATH", test::fixtures_dir());
+    const Model m = load("fixture-tiny-b");
+    EXPECT_EQ(m.info().id, "fixture-tiny-b");
+    EXPECT_EQ(m.info().heads, 2);
+    EXPECT_EQ(m.info().input_height, 1024);
+    const Result r = m.segment(Input::file(fixture("images/synth_landscape_480x640.png")));
+    EXPECT_EQ(r.width, 640);
+    expect_error([] { load("fixture-wrong-hash"); }, ErrorCode::kChecksumMismatch,
+                 {"expected sha256 0000000000", "actual   sha256"});
+  }
+  expect_error([] { load("fixture-tiny-b"); }, ErrorCode::kNotFound,
+               {"tiny_b_torchscript.pt2", (tmp / "home" / "weights").string()});
+  fs::remove_all(tmp);
+}
+
+TEST(UnitApi, ConcurrentCallsOnOneModelAgreeWithSerialOnes) {
+  const Model m = load_fixture("tiny_a");
+  std::vector<std::string> paths;
+  for (const auto& [stem, path] : reference_images()) paths.push_back(path);
+  std::vector<std::vector<std::uint8_t>> serial;
+  for (const auto& p : paths) serial.push_back(m.segment(Input::file(p)).labels);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(8, 0);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = 0; i < paths.size(); ++i) {
+        const auto k = (i + static_cast<std::size_t>(t)) % paths.size();
+        if (m.segment(Input::file(paths[k])).labels != serial[k]) ++mismatches[static_cast<std::size_t>(t)];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(mismatches[static_cast<std::size_t>(t)], 0) << "thread " << t;
+}
+
+TEST(UnitApi, SystemInfo) {
+  const SystemInfo s = system_info();
+  EXPECT_EQ(s.version, std::string(version()));
+  EXPECT_FALSE(s.torch_version.empty());
+  EXPECT_GE(s.threads, 1);
+  EXPECT_EQ(s.backends.size(), 3u);
+}

@@ -1,0 +1,311 @@
+// Unit tests of the IO layer: hashing, cards, image decoding rules, the weight store, .npy files.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "io/image.hpp"
+#include "io/npy.hpp"
+#include "io/paths.hpp"
+#include "io/sha256.hpp"
+#include "io/weights.hpp"
+#include "sapiens_seg/cards.hpp"
+#include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
+
+using namespace sapiens_seg;
+namespace fs = std::filesystem;
+using sapiens_seg::test::fixture;
+
+namespace {
+
+template <typename Fn>
+void expect_error(Fn fn, ErrorCode code, std::initializer_list<const char*> parts) {
+  try {
+    fn();
+    FAIL() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { old_ ? setenv(name_, old_->c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("sapiens_seg_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<std::uint8_t> encode(const cv::Mat& m, const std::string& ext) {
+  std::vector<std::uint8_t> buf;
+  EXPECT_TRUE(cv::imencode(ext, m, buf));
+  return buf;
+}
+
+cv::Mat pattern(int h, int w, int type = CV_8UC3) {
+  cv::Mat m(h, w, type);
+  cv::randu(m, 0, type == CV_16UC3 || type == CV_16UC1 ? 65535 : 255);
+  return m;
+}
+
+void write_bytes(const fs::path& p, const std::vector<std::uint8_t>& b) {
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()),
+                                          static_cast<std::streamsize>(b.size()));
+}
+
+}  // namespace
+
+TEST(UnitSha256, KnownVectorsAndFiles) {
+  io::Sha256 h;
+  h.update("abc", 3);
+  EXPECT_EQ(h.hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const auto d = temp_dir("sha");
+  write_bytes(d / "empty", {});
+  EXPECT_EQ(io::sha256_file((d / "empty").string()),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  expect_error([&] { io::sha256_file((d / "nope").string()); }, ErrorCode::kNotFound, {"nope"});
+}
+
+TEST(UnitCards, BundledV1CardsParseAndAgreeWithTheSpec) {
+  const auto cards = list_cards();
+  int v1 = 0;
+  for (const auto& c : cards) {
+    if (c.family != "sapiens-v1" || c.id.rfind("sapiens-seg-", 0) != 0) continue;
+    ++v1;
+    EXPECT_EQ(c.num_classes, 28);
+    EXPECT_EQ(c.classes.front(), "Background");
+    EXPECT_EQ(c.classes.back(), "Tongue");
+    EXPECT_EQ(c.input_height, 1024);
+    EXPECT_EQ(c.input_width, 768);
+    EXPECT_EQ(c.embed_dim % c.heads, 0);
+    EXPECT_FALSE(c.commercial_use);
+    EXPECT_EQ(c.license_id, "CC-BY-NC-4.0");
+  }
+  EXPECT_EQ(v1, 4);
+  const Card c = find_card("sapiens-seg-1b-goliath");
+  EXPECT_EQ(*c.sha256, "33bba30f3de8d9cfd44e4eaa4817b1bfdd98c188edfc87fa7cc031ba0f4edc17");
+  EXPECT_EQ(*c.size, 4716314057ULL);
+  EXPECT_EQ(c.heads, 24);
+  EXPECT_FALSE(find_card("sapiens-seg-2b-goliath").sha256.has_value());
+  EXPECT_EQ(find_card("sapiens-seg-0.3b-goliath@5c3ea7a0").id, "sapiens-seg-0.3b-goliath");
+  expect_error([] { find_card("sapiens-seg-0.3b-goliath@deadbeef"); }, ErrorCode::kNotFound,
+               {"revision"});
+  expect_error([] { find_card("no-such-model"); }, ErrorCode::kNotFound,
+               {"unknown model", "sapiens-seg-0.3b-goliath"});
+}
+
+TEST(UnitCards, OverlayFolderAndMalformedCards) {
+  const auto d = temp_dir("cards");
+  {
+    ScopedEnv env("SAPIENS_SEG_CARDS", fixture("cards"));
+    EXPECT_EQ(find_card("fixture-tiny-a").file, "tiny_a_torchscript.pt2");
+  }
+  std::ifstream in(fixture("cards/fixture-tiny-a.json"));
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto write = [&](const std::string& text) {
+    std::ofstream(d / "card.json") << text;
+    return (d / "card.json").string();
+  };
+  expect_error([&] { read_card(write("{ not json")); }, ErrorCode::kFormatError, {"not valid JSON"});
+  std::string bad_hash = good;
+  const auto pos = bad_hash.find("\"sha256\": \"") + 11;
+  bad_hash.replace(pos, 4, "XYZ!");
+  expect_error([&] { read_card(write(bad_hash)); }, ErrorCode::kFormatError, {"sha256"});
+  std::string no_id = good;
+  no_id.replace(no_id.find("\"id\""), 4, "\"xid\"");
+  expect_error([&] { read_card(write(no_id)); }, ErrorCode::kFormatError, {"missing field 'id'"});
+  std::string evil_file = good;
+  evil_file.replace(evil_file.find("tiny_a_torchscript.pt2"), 22, "../../../../etc/passwd");
+  expect_error([&] { read_card(write(evil_file)); }, ErrorCode::kFormatError, {"plain file name"});
+}
+
+TEST(UnitImage, DecodeRules) {
+  // 8-bit BGR round trip (PNG is lossless): RGB out.
+  const cv::Mat bgr = pattern(40, 50);
+  cv::Mat rgb = io::decode_bytes(encode(bgr, ".png"), "png");
+  cv::Mat back;
+  cv::cvtColor(rgb, back, cv::COLOR_RGB2BGR);
+  EXPECT_EQ(cv::norm(back, bgr, cv::NORM_INF), 0);
+
+  // Grey is replicated to three equal channels.
+  const cv::Mat grey = pattern(40, 50, CV_8UC1);
+  rgb = io::decode_bytes(encode(grey, ".png"), "grey");
+  std::vector<cv::Mat> ch;
+  cv::split(rgb, ch);
+  EXPECT_EQ(cv::norm(ch[0], grey, cv::NORM_INF), 0);
+  EXPECT_EQ(cv::norm(ch[2], grey, cv::NORM_INF), 0);
+
+  // Alpha is dropped, not composited.
+  cv::Mat bgra(40, 50, CV_8UC4);
+  cv::randu(bgra, 0, 255);
+  rgb = io::decode_bytes(encode(bgra, ".png"), "rgba");
+  cv::Mat bgr_of_bgra;
+  cv::cvtColor(bgra, bgr_of_bgra, cv::COLOR_BGRA2BGR);
+  cv::cvtColor(rgb, back, cv::COLOR_RGB2BGR);
+  EXPECT_EQ(cv::norm(back, bgr_of_bgra, cv::NORM_INF), 0);
+
+  // 16-bit keeps its high byte.
+  const cv::Mat deep = pattern(40, 50, CV_16UC3);
+  rgb = io::decode_bytes(encode(deep, ".png"), "16-bit");
+  cv::Mat high;
+  deep.convertTo(high, CV_8U, 1.0 / 256.0);  // a rounding reference, within 1 of the high byte
+  cv::cvtColor(rgb, back, cv::COLOR_RGB2BGR);
+  EXPECT_LE(cv::norm(back, high, cv::NORM_INF), 1);
+  cv::Mat shifted(deep.size(), CV_8UC3);
+  for (int y = 0; y < deep.rows; ++y)
+    for (int x = 0; x < deep.cols; ++x)
+      for (int c = 0; c < 3; ++c)
+        shifted.at<cv::Vec3b>(y, x)[c] = static_cast<uchar>(deep.at<cv::Vec3w>(y, x)[c] >> 8);
+  EXPECT_EQ(cv::norm(back, shifted, cv::NORM_INF), 0) << "16-bit PNG is not reduced to its high byte";
+}
+
+TEST(UnitImage, ExifOrientationIsApplied) {
+  std::vector<std::uint8_t> jpg = encode(pattern(40, 64), ".jpg");  // 64 wide, 40 high
+  // APP1 Exif segment with one IFD0 entry: Orientation (0x0112) = 6, "rotate 90 clockwise".
+  const std::vector<std::uint8_t> app1 = {
+      0xFF, 0xE1, 0x00, 0x22, 'E', 'x', 'i', 'f', 0, 0,          // marker, length 34, "Exif\0\0"
+      'I', 'I', 0x2A, 0x00, 0x08, 0x00, 0x00, 0x00,                // TIFF little-endian, IFD0 at 8
+      0x01, 0x00,                                                  // one entry
+      0x12, 0x01, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00,  // tag, SHORT, 1, 6
+      0x00, 0x00, 0x00, 0x00};                                     // no next IFD
+  jpg.insert(jpg.begin() + 2, app1.begin(), app1.end());
+  const cv::Mat rgb = io::decode_bytes(jpg, "exif");
+  EXPECT_EQ(rgb.cols, 40);
+  EXPECT_EQ(rgb.rows, 64);
+}
+
+TEST(UnitImage, BadImagesGetClearErrors) {
+  const auto d = temp_dir("img");
+  std::vector<std::uint8_t> jpg = encode(pattern(200, 300), ".jpg");
+  std::vector<std::uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() / 2));
+  expect_error([&] { io::decode_bytes(cut, "cut.jpg"); }, ErrorCode::kInvalidInput, {"truncated JPEG"});
+  std::vector<std::uint8_t> png = encode(pattern(200, 300), ".png");
+  std::vector<std::uint8_t> cut_png(png.begin(), png.begin() + static_cast<long>(png.size() / 2));
+  expect_error([&] { io::decode_bytes(cut_png, "cut.png"); }, ErrorCode::kInvalidInput, {"cannot decode"});
+  expect_error([&] { io::decode_bytes({1, 2, 3, 4, 5}, "junk"); }, ErrorCode::kInvalidInput,
+               {"cannot decode junk"});
+  expect_error([&] { io::decode_bytes({}, "empty"); }, ErrorCode::kInvalidInput, {"0 bytes"});
+  expect_error([&] { io::decode_bytes(encode(pattern(31, 100), ".png"), "tiny"); },
+               ErrorCode::kInvalidInput, {"at least 32"});
+  expect_error([&] { io::decode_file((d / "missing.png").string()); }, ErrorCode::kNotFound,
+               {"missing.png"});
+  expect_error([&] { io::decode_file(d.string()); }, ErrorCode::kInvalidInput, {"directory"});
+  expect_error([] { io::check_size(20000, 20000, "huge"); }, ErrorCode::kInvalidInput, {"268"});
+  // 32 is the smallest accepted side.
+  EXPECT_EQ(io::decode_bytes(encode(pattern(32, 32), ".png"), "ok").rows, 32);
+}
+
+TEST(UnitImage, ResizeIsByteIdenticalToPythonCv2) {
+  // The reference resized its images with the PyPI cv2 the authors' demo uses; the library uses
+  // the system OpenCV. Both must give the same bytes or parity starts from different pixels.
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(fixture("ref/tiny_b"))) {
+    if (!e.is_directory() || e.path().filename() == "batch") continue;
+    const auto ref = test::read_npy((e.path() / "resized.npy").string());
+    const std::string stem = e.path().filename().string();
+    std::string src;
+    for (const auto& dir : {fixture("images"), fixture("examples")}) {
+      for (const char* ext : {".png", ".jpg"}) {
+        if (fs::exists(dir + "/" + stem + ext)) src = dir + "/" + stem + ext;
+      }
+    }
+    ASSERT_FALSE(src.empty()) << "no source image for " << stem;
+    const cv::Mat rgb = io::decode_file(src);
+    const cv::Mat resized = io::resize_linear(rgb, 1024, 768);
+    cv::Mat bgr;
+    cv::cvtColor(resized, bgr, cv::COLOR_RGB2BGR);
+    const cv::Mat want(1024, 768, CV_8UC3, const_cast<std::uint8_t*>(ref.bytes.data()));
+    cv::Mat diff;
+    cv::absdiff(bgr, want, diff);
+    std::printf("%s: %d of %d resized bytes differ from python cv2, max %g\n", stem.c_str(),
+                cv::countNonZero(diff.reshape(1)), static_cast<int>(diff.total() * 3),
+                cv::norm(diff, cv::NORM_INF));
+    EXPECT_EQ(cv::norm(diff, cv::NORM_INF), 0) << stem;
+    ++compared;
+  }
+  EXPECT_GE(compared, 4);
+}
+
+TEST(UnitWeights, LocateVerifyAndGates) {
+  const auto d = temp_dir("weights");
+  ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
+  ScopedEnv hf("HF_HUB_CACHE", (d / "hf").string());
+  ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
+  unsetenv("SAPIENS_SEG_WEIGHTS_PATH");
+  unsetenv("SAPIENS_SEG_NONCOMMERCIAL");
+  unsetenv("SAPIENS_SEG_ALLOW_UNVERIFIED");
+
+  const Card v1 = find_card("sapiens-seg-0.3b-goliath");
+  expect_error([&] { io::check_license(v1, {}); }, ErrorCode::kLicenseNotAccepted,
+               {"CC-BY-NC-4.0", "SAPIENS_SEG_NONCOMMERCIAL=1"});
+  io::check_license(v1, {.accept_noncommercial = true});
+  {
+    ScopedEnv nc("SAPIENS_SEG_NONCOMMERCIAL", "1");
+    io::check_license(v1, {});
+  }
+  expect_error([&] { io::locate_weights(v1); }, ErrorCode::kNotFound,
+               {v1.file.c_str(), v1.sha256->c_str(), v1.url.c_str(), (d / "home" / "weights").c_str()});
+
+  // Hand-placed folder, then the Hugging Face cache layout.
+  const Card tiny = find_card("fixture-tiny-a");
+  fs::create_directories(d / "placed");
+  fs::copy_file(fixture("tiny_a_torchscript.pt2"), d / "placed" / tiny.file);
+  {
+    ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", (d / "placed").string());
+    const std::string p = io::locate_weights(tiny);
+    EXPECT_EQ(io::verify_weights(tiny, p, {}), *tiny.sha256);
+  }
+  Card hub = v1;
+  const fs::path snap = d / "hf" / "models--facebook--sapiens-seg-0.3b-torchscript" / "snapshots" /
+                        v1.revision;
+  fs::create_directories(snap);
+  fs::copy_file(fixture("tiny_a_torchscript.pt2"), snap / v1.file);
+  EXPECT_EQ(io::locate_weights(hub), (snap / v1.file).string());
+  // ...which is then refused by size and by hash: it is not the real file.
+  expect_error([&] { io::verify_weights(hub, (snap / v1.file).string(), {}); },
+               ErrorCode::kChecksumMismatch, {"bytes"});
+  hub.size.reset();
+  expect_error([&] { io::verify_weights(hub, (snap / v1.file).string(), {}); },
+               ErrorCode::kChecksumMismatch, {"expected sha256 735a9a8d", "actual   sha256"});
+
+  // No pinned hash: refused unless the user opts in.
+  Card unpinned = tiny;
+  unpinned.sha256.reset();
+  const std::string placed = (d / "placed" / tiny.file).string();
+  expect_error([&] { io::verify_weights(unpinned, placed, {}); }, ErrorCode::kChecksumMismatch,
+               {"SAPIENS_SEG_ALLOW_UNVERIFIED=1"});
+  EXPECT_EQ(io::verify_weights(unpinned, placed, {.allow_unverified = true}), *tiny.sha256);
+}
+
+TEST(UnitNpy, WritesWhatNumPyReads) {
+  const auto d = temp_dir("npy");
+  const std::vector<std::int64_t> v = {0, 1, 27, -5, 3, 4};
+  io::write_npy((d / "a.npy").string(), "<i8", 8, {2, 3}, v.data());
+  const auto a = test::read_npy((d / "a.npy").string());
+  EXPECT_EQ(a.dtype, "<i8");
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(a.as<std::int64_t>()[2], 27);
+  EXPECT_EQ(fs::file_size(d / "a.npy") % 64, 48u % 64);  // 64-byte aligned header + 48 data bytes
+  expect_error([&] { io::write_npy((d / "no" / "such" / "dir.npy").string(), "|u1", 1, {1}, "x"); },
+               ErrorCode::kIo, {"cannot write"});
+  EXPECT_FALSE(fs::exists(d / "no"));
+}

@@ -1,0 +1,140 @@
+// Parity of the native network (portable) and of the original mode against the reference
+// outputs computed by the authors' recipe in PyTorch (tools/make_fixtures.py). The network input
+// is the reference's own resized image, so these tests measure the network alone.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/backends.hpp"
+#include "core/checkpoint.hpp"
+#include "core/tensor_ops.hpp"
+#include "test_util.hpp"
+
+using namespace sapiens_seg;
+namespace fs = std::filesystem;
+using sapiens_seg::test::fixture;
+using sapiens_seg::test::read_npy;
+
+namespace {
+
+constexpr double kCpuFp32Bar = 0.002;  // design contract: max |logit diff| on the CPU in fp32
+
+const std::array<float, 3> kMean{123.5f, 116.5f, 103.5f}, kStd{58.5f, 57.0f, 57.5f};
+
+at::Tensor tensor_of(const test::Array& a, at::ScalarType t) {
+  return at::from_blob(const_cast<std::uint8_t*>(a.bytes.data()), a.shape, t).clone();
+}
+
+// The reference's cv2-resized BGR image, normalised by the library.
+at::Tensor library_input(const fs::path& dir) {
+  const auto resized = read_npy((dir / "resized.npy").string());
+  at::Tensor bgr = tensor_of(resized, at::kByte);
+  at::Tensor rgb = bgr.flip(2).contiguous();
+  return core::normalize_rgb(rgb.data_ptr<std::uint8_t>(), static_cast<int>(rgb.size(0)),
+                             static_cast<int>(rgb.size(1)), static_cast<std::size_t>(rgb.stride(0)),
+                             kMean, kStd);
+}
+
+struct Loaded {
+  core::TorchScriptCheckpoint ckpt;
+  core::v1::Config cfg;
+};
+
+Loaded load_fixture(const std::string& name) {
+  Loaded l{core::open_torchscript(fixture(name + "_torchscript.pt2")), {}};
+  core::v1::ConfigHints h;
+  h.heads = *l.ckpt.heads_from_graph;
+  l.cfg = core::v1::infer_config(l.ckpt.tensors, h);
+  return l;
+}
+
+std::vector<fs::path> reference_dirs(const std::string& name) {
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(fixture("ref/" + name))) {
+    if (e.is_directory() && e.path().filename() != "batch") dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+class ParityV1 : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(ParityV1, PortableAndOriginalMatchTheReference) {
+  const Loaded m = load_fixture(GetParam());
+  const auto cpu = c10::Device(c10::kCPU);
+  const auto portable = core::make_portable_v1(m.ckpt, m.cfg, cpu, at::kFloat);
+  const auto original = core::make_original_v1(m.ckpt, m.cfg, cpu, at::kFloat);
+  const auto dirs = reference_dirs(GetParam());
+  ASSERT_GE(dirs.size(), 4u);
+  for (const auto& dir : dirs) {
+    const at::Tensor x = library_input(dir);
+    const at::Tensor ref_input = tensor_of(read_npy((dir / "input.npy").string()), at::kFloat);
+    // Same uint8 pixels, same fp32 arithmetic: the normalised input is bit-identical.
+    EXPECT_TRUE(at::equal(x, ref_input)) << dir;
+
+    const at::Tensor ref = tensor_of(read_npy((dir / "logits.npy").string()), at::kFloat);
+    const at::Tensor got = portable->forward(x.unsqueeze(0))[0];
+    const at::Tensor orig = original->forward(x.unsqueeze(0))[0];
+    ASSERT_EQ(got.sizes(), ref.sizes());
+    const double d_port = (got - ref).abs().max().item<double>();
+    const double d_orig = (orig - ref).abs().max().item<double>();
+    std::printf("%s %s: max |logit diff| portable %.3g, original %.3g (logits in [%.2f, %.2f])\n",
+                GetParam().c_str(), dir.filename().c_str(), d_port, d_orig,
+                ref.min().item<double>(), ref.max().item<double>());
+    EXPECT_LE(d_port, kCpuFp32Bar) << dir;
+    EXPECT_LE(d_orig, 1e-5) << dir;  // the same graph on the same input
+  }
+}
+
+TEST_P(ParityV1, BatchEqualsSingleCallsAndTheBatchReference) {
+  const Loaded m = load_fixture(GetParam());
+  const auto portable = core::make_portable_v1(m.ckpt, m.cfg, c10::Device(c10::kCPU), at::kFloat);
+  const fs::path batch_dir = fixture("ref/" + GetParam() + "/batch");
+  std::ifstream stems_file(batch_dir / "stems.txt");
+  std::vector<at::Tensor> xs;
+  for (std::string stem; std::getline(stems_file, stem);) {
+    if (!stem.empty()) xs.push_back(library_input(fixture("ref/" + GetParam() + "/" + stem)));
+  }
+  ASSERT_GE(xs.size(), 2u);
+  const at::Tensor batch = portable->forward(at::stack(xs));
+  const at::Tensor ref = tensor_of(read_npy((batch_dir / "logits.npy").string()), at::kFloat);
+  const double d_ref = (batch - ref).abs().max().item<double>();
+  double d_single = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const at::Tensor one = portable->forward(xs[i].unsqueeze(0))[0];
+    d_single = std::max(d_single, (batch[static_cast<int64_t>(i)] - one).abs().max().item<double>());
+  }
+  std::printf("%s batch of %zu: max |diff| vs reference batch %.3g, vs single calls %.3g\n",
+              GetParam().c_str(), xs.size(), d_ref, d_single);
+  EXPECT_LE(d_ref, kCpuFp32Bar);
+  EXPECT_LE(d_single, 1e-4);
+}
+
+TEST_P(ParityV1, UpsampleArgmaxMatchesTheReferenceLabels) {
+  for (const auto& dir : reference_dirs(GetParam())) {
+    const at::Tensor logits = tensor_of(read_npy((dir / "logits.npy").string()), at::kFloat);
+    const auto ref_labels = read_npy((dir / "labels.npy").string());
+    const auto gap = read_npy((dir / "top2_gap.npy").string());
+    const int H = static_cast<int>(ref_labels.shape[0]), W = static_cast<int>(ref_labels.shape[1]);
+    std::vector<std::uint8_t> labels(static_cast<size_t>(H) * W);
+    core::upsample_argmax(logits, H, W, labels.data());
+    int64_t differ = 0, differ_not_tie = 0;
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i] != ref_labels.as<std::uint8_t>()[i]) {
+        ++differ;
+        if (gap.as<float>()[i] > 1e-5f) ++differ_not_tie;
+      }
+    }
+    std::printf("%s %s: %lld of %zu labels differ from F.interpolate+argmax (all at ties)\n",
+                GetParam().c_str(), dir.filename().c_str(), static_cast<long long>(differ),
+                labels.size());
+    EXPECT_EQ(differ_not_tie, 0) << dir;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Parity, ParityV1, ::testing::Values("tiny_a", "tiny_b"));

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs what sapiens-seg needs to build and test, then stops. Idempotent: a second run only
+# checks and returns in seconds.
+#
+#   tools/setup.sh            Debian -dev packages + .venv with the pinned torch and test deps
+#   tools/setup.sh --no-apt   skip the Debian packages (e.g. a machine without root)
+#
+# LibTorch comes from the pinned PyPI torch wheel: it ships the C++ headers, the shared
+# libraries and TorchConfig.cmake, so no separate LibTorch download is needed.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+
+TORCH_VERSION=2.15.0
+PY_REQS=(
+  "torch==${TORCH_VERSION}"
+  "numpy==2.3.5"
+  "opencv-python-headless==4.10.0.84" # the reference pipeline uses cv2 as the authors' demo does
+  "pytest==8.4.2"
+)
+APT_PKGS=(
+  build-essential cmake ninja-build ccache pkg-config
+  libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
+  libssl-dev libcurl4-openssl-dev
+)
+
+with_apt=1
+for a in "$@"; do
+  case "$a" in
+    --no-apt) with_apt=0 ;;
+    *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ "$with_apt" = 1 ]; then
+  missing=()
+  for p in "${APT_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    sudo_cmd=()
+    [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  else
+    log "Debian packages present"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PY" -m venv .venv
+fi
+
+# A stamp of the requirement list makes the second run skip pip entirely.
+stamp=.venv/.sapiens-seg-reqs
+want=$(printf '%s\n' "${PY_REQS[@]}")
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  log ".venv up to date (torch ${TORCH_VERSION})"
+else
+  log "installing Python packages into .venv (torch ${TORCH_VERSION} is large; first run only)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "${PY_REQS[@]}"
+  printf '%s\n' "$want" >"$stamp"
+fi
+log "done"
