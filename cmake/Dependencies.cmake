@@ -68,8 +68,10 @@ if(SAPIENS_SEG_TORCH_NVIDIA_LIBS)
   list(JOIN SAPIENS_SEG_TORCH_NVIDIA_LIBS ":" _joined)
   add_link_options("LINKER:-rpath-link,${_joined}")
   set(CMAKE_BUILD_RPATH ${SAPIENS_SEG_TORCH_NVIDIA_LIBS})
-  set(CMAKE_INSTALL_RPATH ${SAPIENS_SEG_TORCH_NVIDIA_LIBS})
 endif()
+# Installed binaries find LibTorch (and its CUDA libraries) where they were built against.
+get_filename_component(SAPIENS_SEG_TORCH_LIB_DIR "${TORCH_LIBRARY}" DIRECTORY)
+set(SAPIENS_SEG_RUNTIME_RPATH ${SAPIENS_SEG_TORCH_LIB_DIR} ${SAPIENS_SEG_TORCH_NVIDIA_LIBS})
 
 if(SAPIENS_SEG_BUILD_IO)
   find_package(OpenCV REQUIRED COMPONENTS core imgproc imgcodecs)

@@ -2,12 +2,13 @@
 """Build random-weight Sapiens v1 segmentation fixtures for the sapiens-seg tests.
 
 The real Sapiens-Lite checkpoints (0.3B-2B parameters, 1.3-8.7 GB) are far too large to be
-test inputs, and their licence and download make them unsuitable for CI. The tests therefore
-use small models that have *exactly* the structure of the real files: the same state-dict key
-names, the same tensor layouts, the same TorchScript export path (a CPU trace of the whole
-model at batch 1), and only the widths and depths shrunk. Everything the C++ library does with
-a real checkpoint (load by parameter name, check shapes, run the forward pass, post-process)
-can then be checked against these fixtures, with PyTorch itself as the reference.
+test inputs and need a download, so they cannot be part of ordinary test runs. The tests
+therefore use small models that have *exactly* the structure of the real files: the same
+state-dict key names, the same tensor layouts, the same TorchScript export path (a CPU trace
+of the whole model at batch 1), and only the widths and depths shrunk. Everything the C++
+library does with a real checkpoint (load by parameter name, check shapes, run the forward
+pass, post-process) can then be checked against these fixtures, with PyTorch itself as the
+reference.
 
 All architecture facts (module tree, key names, norms, attention, head, pre/post-processing,
 export procedure) come from the project's network spec, shared/spec/sapiens_v1.md (sections 1,
@@ -19,8 +20,12 @@ Output layout under --out DIR:
     broken_*.pt2                  damaged variants of tiny_a, one per loader failure mode
     cards/<fixture>.json          model cards (nlohmann/json schema 1), plus broken-wrong-hash.json
     images/synth_*.png            deterministic synthetic test images
-    ref/<fixture>/<stem>.npz      reference outputs of the Sapiens-Lite demo pipeline per image
-    ref/<fixture>/batch.npz       logits of the first two images run as one batch
+    images/<example>.jpg|png      copies of the real photos used (examples/ and --images)
+    ref/<fixture>/<stem>/*.npy    reference outputs of the Sapiens-Lite demo pipeline per image:
+                                  resized (uint8 BGR), input (fp32 [3,H,W]), logits (fp32
+                                  [28,h,w]), labels (uint8 [H0,W0]), top2_gap (fp32 [H0,W0])
+    ref/<fixture>/batch/          logits.npy of the first two images run as one batch, and
+                                  stems.txt naming them
 
 Usage:
     python tools/make_fixtures.py --out build/fixtures [--wide] [--images IMG ...]
@@ -31,10 +36,12 @@ The module can be imported without side effects (`from make_fixtures import Sapi
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import hashlib
 import json
 import math
+import shutil
 import sys
 import time
 import warnings
@@ -46,10 +53,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-# torch.jit.* prints a deprecation FutureWarning on every call; the real checkpoints are
-# TorchScript archives, so that is the format we must produce regardless.
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
 
 # ---------------------------------------------------------------------------------------------
 # Constants from the spec
@@ -66,22 +69,13 @@ STD_TRAIN = (58.395, 57.12, 57.375)
 MEAN_LITE = (123.5, 116.5, 103.5)
 STD_LITE = (58.5, 57.0, 57.5)
 
-# Goliath-28 classes and RGB palette (spec §6).
-CLASSES = [
-    "Background", "Apparel", "Face_Neck", "Hair", "Left_Foot", "Left_Hand", "Left_Lower_Arm",
-    "Left_Lower_Leg", "Left_Shoe", "Left_Sock", "Left_Upper_Arm", "Left_Upper_Leg",
-    "Lower_Clothing", "Right_Foot", "Right_Hand", "Right_Lower_Arm", "Right_Lower_Leg",
-    "Right_Shoe", "Right_Sock", "Right_Upper_Arm", "Right_Upper_Leg", "Torso",
-    "Upper_Clothing", "Lower_Lip", "Upper_Lip", "Lower_Teeth", "Upper_Teeth", "Tongue",
-]
-PALETTE = [
-    [50, 50, 50], [255, 218, 0], [128, 200, 255], [255, 0, 109], [189, 0, 204],
-    [255, 0, 218], [0, 160, 204], [0, 255, 145], [204, 0, 131], [182, 0, 255],
-    [255, 109, 0], [0, 255, 255], [72, 0, 255], [204, 131, 0], [255, 0, 0],
-    [72, 255, 0], [189, 204, 0], [182, 255, 0], [102, 0, 204], [32, 72, 204],
-    [0, 145, 255], [14, 204, 0], [0, 128, 72], [235, 205, 119], [115, 227, 112],
-    [157, 113, 143], [132, 93, 50], [82, 21, 114],
-]
+# Goliath-28 classes and RGB palette (spec §6), read from the project's own model card so the
+# fixtures and the bundled cards can never disagree.
+_CARD = Path(__file__).resolve().parents[1] / "cards" / "sapiens-seg-0.3b-goliath.json"
+with open(_CARD, encoding="utf-8") as _f:
+    _LABELS = json.load(_f)["labels"]
+CLASSES = list(_LABELS["classes"])
+PALETTE = [list(c) for c in _LABELS["palette"]]
 assert len(CLASSES) == NUM_CLASSES and len(PALETTE) == NUM_CLASSES
 
 
@@ -458,7 +452,12 @@ def trace_and_save(model: nn.Module, cfg: FixtureConfig, path: Path) -> None:
     H and W, and with them pos_embed's grid, are frozen, exactly like the real files.
 
     The authors also set requires_grad on the dummy input and traced with autograd on; that
-    records the same ops, so we trace under no_grad to keep the wide fixture's memory low."""
+    records the same ops, so we trace under no_grad to keep the wide fixture's memory low.
+
+    The bytes are reproducible run to run, but the archive's debug info (*.debug_pkl) records
+    the absolute path and source ranges of this file and of torch's own modules, so editing
+    this file, moving the checkout or changing the torch install changes the files' sha256.
+    That is why the cards are rewritten on every run, next to the files they describe."""
     model = model.eval().cpu().float()
     with torch.no_grad(), warnings.catch_warnings():
         # InstanceNorm's input-size check warns that it is frozen into the trace; the authors'
@@ -502,7 +501,8 @@ def verify_export(model: nn.Module, cfg: FixtureConfig, path: Path) -> dict:
     # The loaded graph runs the same kernels as the eager model, so this is normally exactly 0;
     # batch 2 may pick different GEMM blockings, hence a small relative tolerance.
     check(d_eager <= 1e-5 * max(scale, 1.0), f"{path.name}: loaded != eager (max diff {d_eager})")
-    check(d_batch <= 1e-4 * max(scale, 1.0), f"{path.name}: batch 2 != batch 1 (max diff {d_batch})")
+    check(d_batch <= 1e-4 * max(scale, 1.0),
+          f"{path.name}: batch 2 != batch 1 (max diff {d_batch})")
     return {"max_abs_logit": scale, "diff_eager": d_eager, "diff_batch": d_batch,
             "entries": len(got)}
 
@@ -552,8 +552,6 @@ def write_broken_variants(model_a: SapiensV1Seg, cfg_a: FixtureConfig, tiny_a_pa
                           out_dir: Path) -> list[tuple[Path, str]]:
     """Write the broken_*.pt2 files and verify each is broken in the way its name says.
     Returns (path, one-line summary) per file."""
-    import copy
-
     out_dir = Path(out_dir)
     c = cfg_a.embed_dim
     good = tiny_a_path.read_bytes()
@@ -763,7 +761,8 @@ def default_example_images() -> list[Path]:
 # ---------------------------------------------------------------------------------------------
 
 
-def lite_preprocess(img_bgr: np.ndarray, height: int, width: int) -> tuple[np.ndarray, torch.Tensor]:
+def lite_preprocess(img_bgr: np.ndarray, height: int,
+                    width: int) -> tuple[np.ndarray, torch.Tensor]:
     """cv2 linear resize to the model size (aspect not kept), BGR->RGB, (x - mean) / std."""
     resized = cv2.resize(img_bgr, (width, height), interpolation=cv2.INTER_LINEAR)
     t = torch.from_numpy(resized).permute(2, 0, 1)[[2, 1, 0]].float()
@@ -780,11 +779,22 @@ def label_fragmentation(labels: np.ndarray) -> float:
     return float(sum(d.sum() for d in diffs) / n) if n else 0.0
 
 
+def save_arrays(folder: Path, **arrays: np.ndarray) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", np.ascontiguousarray(a))
+
+
 def write_references(cfg: FixtureConfig, model_path: Path, images: list[Path],
                      ref_dir: Path) -> list[dict]:
     """Run the saved file on each image the way the lite demo does and store everything a C++
     comparison needs. Returns per-image statistics."""
     ref_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ref_dir.iterdir():  # from images no longer in the set
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
     model = torch.jit.load(str(model_path), map_location="cpu")
     stats, inputs, logits_all = [], [], []
     for path in images:
@@ -799,10 +809,9 @@ def write_references(cfg: FixtureConfig, model_path: Path, images: list[Path],
             labels = up.argmax(1)[0]
         gap = (top2[0] - top2[1]).numpy().astype(np.float32)
         lab = labels.numpy().astype(np.uint8)
-        np.savez_compressed(
-            ref_dir / f"{path.stem}.npz",
-            resized=resized, input=t.numpy().astype(np.float32),
-            logits=logits[0].numpy().astype(np.float32), labels=lab, top2_gap=gap)
+        # Plain .npy files: the C++ tests read them without a zip/deflate reader.
+        save_arrays(ref_dir / path.stem, resized=resized, input=t.numpy().astype(np.float32),
+                    logits=logits[0].numpy().astype(np.float32), labels=lab, top2_gap=gap)
         inputs.append(t)
         logits_all.append(logits[0])
         stats.append({
@@ -821,8 +830,8 @@ def write_references(cfg: FixtureConfig, model_path: Path, images: list[Path],
         d = max(max_abs_diff(batch[i], logits_all[i]) for i in range(2))
         scale = max(float(batch.abs().max()), 1.0)
         check(d <= 1e-4 * scale, f"{cfg.name}: batch logits differ from single (max diff {d})")
-        np.savez_compressed(ref_dir / "batch.npz", logits=batch.numpy().astype(np.float32),
-                            images=np.array([p.stem for p in images[:2]]))
+        save_arrays(ref_dir / "batch", logits=batch.numpy().astype(np.float32))
+        (ref_dir / "batch" / "stems.txt").write_text("".join(f"{p.stem}\n" for p in images[:2]))
     return stats
 
 
@@ -855,7 +864,11 @@ def collect_images(out_dir: Path, extra: list[Path] | None) -> list[Path]:
         check(p.stem not in stems, f"two images share the stem {p.stem!r}: rename one")
         seen_paths.add(p.resolve())
         stems.add(p.stem)
-        images.append(p)
+        # A copy beside the synthetic images, so every reference has its source in one folder.
+        copy_path = out_dir / "images" / p.name
+        shutil.copyfile(p, copy_path)
+        seen_paths.add(copy_path.resolve())
+        images.append(copy_path)
     return images
 
 
@@ -885,11 +898,12 @@ def build_all(out_dir: Path, wide: bool = False, images: list[Path] | None = Non
         card = make_card(cfg, path)
         write_json(cards_dir / f"{name}.json", card)
         result["fixtures"][name] = {"path": path, "info": info}
-        result["files"].append(path)
+        result["files"] += [path, cards_dir / f"{name}.json"]
         if name == "tiny_a":
             wrong = dict(card, id="fixture-wrong-hash", sha256="0" * 64,
                          description="Tiny-A card with a wrong sha256 (test only)")
             write_json(cards_dir / "broken-wrong-hash.json", wrong)
+            result["files"].append(cards_dir / "broken-wrong-hash.json")
             result["broken"] = write_broken_variants(model, cfg, path, out_dir)
             for p, line in result["broken"]:
                 log(f"[broken] {p.name}: {line}")
@@ -914,18 +928,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--wide", action="store_true",
                     help="also build the 0.3B-width fixture (slow, ~250 MB)")
+    ap.add_argument("--only", nargs="+", choices=sorted(FIXTURES), default=None,
+                    help="build only these fixtures (e.g. --only wide_0.3b)")
     ap.add_argument("--images", nargs="*", type=Path, default=[],
                     help="extra images for the references (examples/ is included by default)")
     args = ap.parse_args(argv)
+    # torch.jit.* prints a deprecation FutureWarning on every call; the real checkpoints are
+    # TorchScript archives, so that is the format we must produce regardless.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
 
     t0 = time.time()
     try:
-        res = build_all(args.out, wide=args.wide, images=args.images)
+        res = build_all(args.out, wide=args.wide, images=args.images, names=args.only)
     except FixtureError as e:
         print(f"make_fixtures: self-check FAILED: {e}", file=sys.stderr)
         return 1
     print("\nfiles:")
-    for p in res["files"] + sorted((args.out / "cards").glob("*.json")):
+    for p in res["files"]:
         print(f"  {p.stat().st_size:>12,d}  {sha256_file(p)[:12]}  {p}")
     n_refs = sum(len(v) for v in res["refs"].values())
     print(f"{n_refs} reference images in {args.out / 'ref'}; total {time.time() - t0:.1f}s")

@@ -16,7 +16,7 @@ namespace sapiens_seg {
 
 struct Card {
   std::string id;
-  std::string family;       // "sapiens-v1"
+  std::string family;  // "sapiens-v1"
   std::string description;
   std::string repo, revision, url;  // empty when unknown
   std::string file;                 // file name of the checkpoint

@@ -63,12 +63,12 @@ struct Timings {  // milliseconds, for this call (a batch shares its network tim
 };
 
 struct SAPIENS_SEG_API Result {
-  int height = 0, width = 0;          // the input image's size (after EXIF rotation)
-  std::vector<std::uint8_t> labels;   // height * width class indices, row-major
-  std::vector<float> logits;          // [classes, height, width] when SegmentOptions::logits
-  std::vector<float> raw_logits;      // [classes, raw_height, raw_width] when asked for
+  int height = 0, width = 0;         // the input image's size (after EXIF rotation)
+  std::vector<std::uint8_t> labels;  // height * width class indices, row-major
+  std::vector<float> logits;         // [classes, height, width] when SegmentOptions::logits
+  std::vector<float> raw_logits;     // [classes, raw_height, raw_width] when asked for
   int raw_height = 0, raw_width = 0;
-  std::vector<std::string> classes;   // class names; index 0 is the background
+  std::vector<std::string> classes;                  // class names; index 0 is the background
   std::vector<std::array<std::uint8_t, 3>> palette;  // RGB per class
   Backend backend;
   Timings timings;
@@ -94,7 +94,8 @@ class SAPIENS_SEG_API Model {
  public:
   Result segment(const Input& input, const SegmentOptions& options = {}) const;
   // Images of different sizes may be mixed; they share one network batch.
-  std::vector<Result> segment(std::span<const Input> batch, const SegmentOptions& options = {}) const;
+  std::vector<Result> segment(std::span<const Input> batch,
+                              const SegmentOptions& options = {}) const;
   const ModelInfo& info() const;
 
   struct Impl;

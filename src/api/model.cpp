@@ -30,7 +30,9 @@ std::vector<std::uint8_t> Result::foreground() const {
   return fg;
 }
 
-const char* version() noexcept { return SAPIENS_SEG_VERSION; }
+const char* version() noexcept {
+  return SAPIENS_SEG_VERSION;
+}
 
 namespace {
 Image to_image(const cv::Mat& rgb) {
@@ -44,7 +46,9 @@ Image to_image(const cv::Mat& rgb) {
 }
 }  // namespace
 
-Image read_image(const std::string& path) { return to_image(io::decode_file(path)); }
+Image read_image(const std::string& path) {
+  return to_image(io::decode_file(path));
+}
 
 Image read_image(const std::vector<std::uint8_t>& encoded) {
   return to_image(io::decode_bytes(encoded, "encoded image"));
@@ -54,9 +58,8 @@ Image overlay(const Result& result, ImageView image, float opacity) {
   if (image.height != result.height || image.width != result.width) {
     throw Error(ErrorCode::kInvalidInput, "overlay: the image is " + std::to_string(image.width) +
                                               "x" + std::to_string(image.height) +
-                                              " but the result is " +
-                                              std::to_string(result.width) + "x" +
-                                              std::to_string(result.height));
+                                              " but the result is " + std::to_string(result.width) +
+                                              "x" + std::to_string(result.height));
   }
   if (!(opacity >= 0.0f && opacity <= 1.0f)) {
     throw Error(ErrorCode::kInvalidInput, "overlay: opacity must be in [0, 1]");
@@ -73,8 +76,9 @@ Image overlay(const Result& result, ImageView image, float opacity) {
     for (int x = 0; x < out.width; ++x) {
       const auto& c = result.palette.at(l[x]);
       for (int ch = 0; ch < 3; ++ch) {
-        d[3 * x + ch] = static_cast<std::uint8_t>(static_cast<float>(s[3 * x + ch]) * (1.0f - opacity) +
-                                                  static_cast<float>(c[ch]) * opacity);
+        d[3 * x + ch] =
+            static_cast<std::uint8_t>(static_cast<float>(s[3 * x + ch]) * (1.0f - opacity) +
+                                      static_cast<float>(c[ch]) * opacity);
       }
     }
   }
@@ -94,7 +98,9 @@ struct Model::Impl {
 
 Model::Model(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
-const ModelInfo& Model::info() const { return impl_->info; }
+const ModelInfo& Model::info() const {
+  return impl_->info;
+}
 
 namespace {
 
@@ -168,10 +174,10 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   }
   if (ckpt.heads_from_graph) {
     if (hints.heads && *hints.heads != *ckpt.heads_from_graph) {
-      throw Error(ErrorCode::kFormatError,
-                  path + ": the card says " + std::to_string(*hints.heads) +
-                      " attention heads but the traced graph uses " +
-                      std::to_string(*ckpt.heads_from_graph));
+      throw Error(ErrorCode::kFormatError, path + ": the card says " +
+                                               std::to_string(*hints.heads) +
+                                               " attention heads but the traced graph uses " +
+                                               std::to_string(*ckpt.heads_from_graph));
     }
     hints.heads = *ckpt.heads_from_graph;
   }
@@ -184,10 +190,9 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
     throw Error(e.code(), path + ": " + e.what());
   }
   if (card && cfg.num_classes != card->num_classes) {
-    throw Error(ErrorCode::kFormatError, path + ": the network has " +
-                                             std::to_string(cfg.num_classes) +
-                                             " classes but its card lists " +
-                                             std::to_string(card->num_classes));
+    throw Error(ErrorCode::kFormatError,
+                path + ": the network has " + std::to_string(cfg.num_classes) +
+                    " classes but its card lists " + std::to_string(card->num_classes));
   }
 
   const c10::Device device = core::resolve_device(opt.device);
@@ -206,20 +211,21 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
                   "kernels mode unavailable: " + core::kernels_unavailable_reason(device));
     case Mode::kAuto: {
       const std::string why = core::kernels_unavailable_reason(device);
-      io::log(io::Level::kInfo, "auto mode: portable (" +
-                                    (why.empty() ? std::string("no kernel measurements in card")
-                                                 : why) +
-                                    ")");
+      io::log(io::Level::kInfo,
+              "auto mode: portable (" +
+                  (why.empty() ? std::string("no kernel measurements in card") : why) + ")");
       impl->runner = core::make_portable_v1(ckpt, cfg, device, dtype);
       break;
     }
-    case Mode::kPortable: impl->runner = core::make_portable_v1(ckpt, cfg, device, dtype); break;
+    case Mode::kPortable:
+      impl->runner = core::make_portable_v1(ckpt, cfg, device, dtype);
+      break;
   }
 
   impl->input_h = static_cast<int>(cfg.input_h);
   impl->input_w = static_cast<int>(cfg.input_w);
-  const std::optional<Card> labels = card ? card : (cfg.num_classes == 28 ? goliath_labels()
-                                                                          : std::nullopt);
+  const std::optional<Card> labels =
+      card ? card : (cfg.num_classes == 28 ? goliath_labels() : std::nullopt);
   if (labels) {
     impl->classes = labels->classes;
     impl->palette = labels->palette;
@@ -227,8 +233,8 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
     for (int64_t k = 0; k < cfg.num_classes; ++k) {
       impl->classes.push_back("class_" + std::to_string(k));
       const auto v = static_cast<std::uint8_t>((k * 67) % 256);
-      impl->palette.push_back({v, static_cast<std::uint8_t>(255 - v),
-                               static_cast<std::uint8_t>((k * 151) % 256)});
+      impl->palette.push_back(
+          {v, static_cast<std::uint8_t>(255 - v), static_cast<std::uint8_t>((k * 151) % 256)});
     }
   }
   // Normalisation: the card's values, else the authors' (same for every v1 model).
@@ -284,8 +290,8 @@ std::vector<Result> Model::segment(std::span<const Input> batch,
     results[i].timings.decode = ms_since(t0);
     t0 = Clock::now();
     const cv::Mat resized = io::resize_linear(rgb, m.input_h, m.input_w);
-    inputs.push_back(core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step,
-                                         m.mean, m.std));
+    inputs.push_back(
+        core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step, m.mean, m.std));
     results[i].timings.preprocess = ms_since(t0);
     results[i].height = rgb.rows;
     results[i].width = rgb.cols;

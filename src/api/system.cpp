@@ -2,8 +2,8 @@
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
-#include <opencv2/core/version.hpp>
 #include <openssl/opensslv.h>
+#include <opencv2/core/version.hpp>
 
 #include "../core/backends.hpp"
 #include "../io/paths.hpp"
@@ -24,13 +24,15 @@ SystemInfo system_info() {
   if (s.cuda_available) {
     s.cuda_devices = static_cast<int>(at::detail::getCUDAHooks().deviceCount());
   }
-  s.backends.emplace_back("portable: cpu (float32, bfloat16)" +
-                          std::string(s.cuda_available ? "; cuda (float16, bfloat16, float32)" : ""));
+  s.backends.emplace_back(
+      "portable: cpu (float32, bfloat16)" +
+      std::string(s.cuda_available ? "; cuda (float16, bfloat16, float32)" : ""));
   s.backends.emplace_back("original: cpu (float32)" +
                           std::string(s.cuda_available ? "; cuda (float32)" : ""));
   const std::string why = core::kernels_unavailable_reason(
       s.cuda_available ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU));
-  s.backends.emplace_back(why.empty() ? std::string("kernels: cuda") : "kernels: unavailable (" + why + ")");
+  s.backends.emplace_back(why.empty() ? std::string("kernels: cuda")
+                                      : "kernels: unavailable (" + why + ")");
   s.card_dirs = io::card_dirs();
   return s;
 }

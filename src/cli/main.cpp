@@ -26,7 +26,9 @@ using namespace sapiens_seg;
 
 namespace {
 
-int exit_code(ErrorCode c) { return 10 + static_cast<int>(c); }
+int exit_code(ErrorCode c) {
+  return 10 + static_cast<int>(c);
+}
 
 void print_error(const Error& e) {
   std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
@@ -46,13 +48,13 @@ struct SegmentArgs {
 
 LoadOptions load_options(const SegmentArgs& a) {
   static const std::map<std::string, Mode> modes = {{"auto", Mode::kAuto},
-                                                     {"portable", Mode::kPortable},
-                                                     {"kernels", Mode::kKernels},
-                                                     {"original", Mode::kOriginal}};
+                                                    {"portable", Mode::kPortable},
+                                                    {"kernels", Mode::kKernels},
+                                                    {"original", Mode::kOriginal}};
   static const std::map<std::string, DType> dtypes = {{"default", DType::kDefault},
-                                                       {"float32", DType::kFloat32},
-                                                       {"float16", DType::kFloat16},
-                                                       {"bfloat16", DType::kBFloat16}};
+                                                      {"float32", DType::kFloat32},
+                                                      {"float16", DType::kFloat16},
+                                                      {"bfloat16", DType::kBFloat16}};
   LoadOptions o;
   o.mode = modes.at(a.mode);
   o.device = a.device;
@@ -99,8 +101,9 @@ int run_segment(const SegmentArgs& a) {
       try {
         images.push_back(read_image(a.images[i]));
         index.push_back(i);
-        decode_ms.push_back(std::chrono::duration<double, std::milli>(
-                                std::chrono::steady_clock::now() - t0).count());
+        decode_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
       } catch (const Error& e) {
         // One bad image does not cost the others their results.
         print_error(e);
@@ -117,7 +120,8 @@ int run_segment(const SegmentArgs& a) {
     for (std::size_t j = 0; j < results.size(); ++j) {
       const std::string& path = a.images[index[j]];
       std::string stem = fs::path(path).stem().string();
-      for (int k = 2; stems.count(stem); ++k) stem = fs::path(path).stem().string() + "_" + std::to_string(k);
+      for (int k = 2; stems.count(stem); ++k)
+        stem = fs::path(path).stem().string() + "_" + std::to_string(k);
       stems.insert(stem);
       results[j].timings.decode = decode_ms[j];
       nlohmann::json entry = cli::write_outputs(results[j], images[j], a.out_dir, stem, a.opacity);
@@ -140,8 +144,8 @@ int run_models() {
     std::cout << c.id << "  " << c.family << "  " << c.license_id
               << (c.commercial_use ? "" : " (non-commercial)") << "  "
               << (c.size ? std::to_string(*c.size / 1000000) + " MB" : std::string("size unknown"))
-              << "  sha256 " << (c.sha256 ? c.sha256->substr(0, 12) + "..." : std::string("NOT PINNED"))
-              << "\n";
+              << "  sha256 "
+              << (c.sha256 ? c.sha256->substr(0, 12) + "..." : std::string("NOT PINNED")) << "\n";
   }
   return 0;
 }
@@ -153,7 +157,8 @@ int run_info() {
             << "opencv      " << s.opencv_version << "\n"
             << "openssl     " << s.openssl_version << "\n"
             << "cpu threads " << s.threads << "\n"
-            << "cuda        " << (s.cuda_available ? std::to_string(s.cuda_devices) + " device(s)" : "no device")
+            << "cuda        "
+            << (s.cuda_available ? std::to_string(s.cuda_devices) + " device(s)" : "no device")
             << "\n"
             << "backends:\n";
   for (const auto& b : s.backends) std::cout << "  " << b << "\n";
@@ -173,7 +178,8 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "log errors only");
 
   SegmentArgs seg;
-  auto* s = app.add_subcommand("segment", "segment images and write labels, overlays and .npy files");
+  auto* s =
+      app.add_subcommand("segment", "segment images and write labels, overlays and .npy files");
   s->add_option("images", seg.images, "image files")->required()->check(CLI::ExistingFile);
   s->add_option("-o,--output", seg.out_dir, "output folder")->required();
   s->add_option("-m,--model", seg.model, "card id (see `models`) or checkpoint path")
@@ -185,12 +191,18 @@ int main(int argc, char** argv) {
   s->add_option("--dtype", seg.dtype, "compute precision")
       ->check(CLI::IsMember({"default", "float32", "float16", "bfloat16"}))
       ->capture_default_str();
-  s->add_option("--normalization", seg.normalization, "mean/std: the authors' demo or training values")
+  s->add_option("--normalization", seg.normalization,
+                "mean/std: the authors' demo or training values")
       ->check(CLI::IsMember({"demo", "training"}))
       ->capture_default_str();
-  s->add_option("--batch", seg.batch, "images per network call")->check(CLI::Range(1, 256))->capture_default_str();
-  s->add_option("--threads", seg.threads, "CPU threads (0 = one per core)")->check(CLI::NonNegativeNumber);
-  s->add_option("--opacity", seg.opacity, "overlay opacity")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  s->add_option("--batch", seg.batch, "images per network call")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  s->add_option("--threads", seg.threads, "CPU threads (0 = one per core)")
+      ->check(CLI::NonNegativeNumber);
+  s->add_option("--opacity", seg.opacity, "overlay opacity")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   s->add_flag("--accept-noncommercial", seg.accept_nc,
               "accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights");
   s->add_flag("--allow-unverified", seg.allow_unverified,

@@ -32,8 +32,10 @@ c10::Device resolve_device(const std::string& device) {
 
 at::ScalarType resolve_dtype(DType dtype, const c10::Device& device) {
   switch (dtype) {
-    case DType::kDefault: return device.is_cuda() ? at::kHalf : at::kFloat;
-    case DType::kFloat32: return at::kFloat;
+    case DType::kDefault:
+      return device.is_cuda() ? at::kHalf : at::kFloat;
+    case DType::kFloat32:
+      return at::kFloat;
     case DType::kFloat16:
       if (device.is_cpu()) {
         throw Error(ErrorCode::kBackendUnavailable,
@@ -41,17 +43,22 @@ at::ScalarType resolve_dtype(DType dtype, const c10::Device& device) {
                     "AVX512-BF16/AMX)");
       }
       return at::kHalf;
-    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kBFloat16:
+      return at::kBFloat16;
   }
   return at::kFloat;
 }
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    default: return c10::toString(t);
+    case at::kFloat:
+      return "float32";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    default:
+      return c10::toString(t);
   }
 }
 

@@ -29,7 +29,8 @@ void check_zip_container(const std::string& path) {
     throw Error(ErrorCode::kInvalidInput, "checkpoint path is a directory: " + path);
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(ErrorCode::kIo, "cannot open checkpoint " + path + ": " + std::strerror(errno));
+  if (!in)
+    throw Error(ErrorCode::kIo, "cannot open checkpoint " + path + ": " + std::strerror(errno));
   const auto size = static_cast<std::uint64_t>(fs::file_size(path, ec));
   std::array<char, 4> head{};
   in.read(head.data(), head.size());
@@ -55,8 +56,11 @@ void check_zip_container(const std::string& path) {
   if (!found) {
     throw Error(ErrorCode::kFormatError,
                 "truncated checkpoint (the zip archive has no end-of-central-directory record; "
-                "the file is " + std::to_string(size) + " bytes, probably an interrupted "
-                "download or copy): " + path);
+                "the file is " +
+                    std::to_string(size) +
+                    " bytes, probably an interrupted "
+                    "download or copy): " +
+                    path);
   }
 }
 

@@ -19,7 +19,7 @@ using TensorMap = std::map<std::string, at::Tensor>;
 
 struct TorchScriptCheckpoint {
   std::string path;
-  TensorMap tensors;                         // named_parameters + named_buffers, on the CPU
+  TensorMap tensors;                           // named_parameters + named_buffers, on the CPU
   std::shared_ptr<torch::jit::Module> module;  // the traced graph, as shipped
   // Attention head count read from the traced graph (the reshape of the fused qkv output), since
   // no tensor shape carries it. nullopt when the graph does not show it.

@@ -109,7 +109,8 @@ Card read_card(const std::string& path) {
   c.label_set = field<std::string>(labels, "name", path);
   c.classes = field<std::vector<std::string>>(labels, "classes", path);
   for (const auto& rgb : field<std::vector<std::vector<int>>>(labels, "palette", path)) {
-    if (rgb.size() != 3 || std::any_of(rgb.begin(), rgb.end(), [](int v) { return v < 0 || v > 255; })) {
+    if (rgb.size() != 3 ||
+        std::any_of(rgb.begin(), rgb.end(), [](int v) { return v < 0 || v > 255; })) {
       throw Error(ErrorCode::kFormatError, "card " + path + ": palette entries are [r,g,b] 0-255");
     }
     c.palette.push_back({static_cast<std::uint8_t>(rgb[0]), static_cast<std::uint8_t>(rgb[1]),

@@ -68,9 +68,15 @@ cv::Mat to_rgb8(const cv::Mat& m, const std::string& what) {
   }
   cv::Mat rgb;
   switch (eight.channels()) {
-    case 1: cv::cvtColor(eight, rgb, cv::COLOR_GRAY2RGB); break;
-    case 3: cv::cvtColor(eight, rgb, cv::COLOR_BGR2RGB); break;
-    case 4: cv::cvtColor(eight, rgb, cv::COLOR_BGRA2RGB); break;
+    case 1:
+      cv::cvtColor(eight, rgb, cv::COLOR_GRAY2RGB);
+      break;
+    case 3:
+      cv::cvtColor(eight, rgb, cv::COLOR_BGR2RGB);
+      break;
+    case 4:
+      cv::cvtColor(eight, rgb, cv::COLOR_BGRA2RGB);
+      break;
     default:
       throw Error(ErrorCode::kInvalidInput,
                   what + " has " + std::to_string(eight.channels()) + " channels (1, 3 or 4)");
@@ -102,7 +108,9 @@ cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& 
   return rgb;
 }
 
-cv::Mat decode_file(const std::string& path) { return decode_bytes(read_all(path), path); }
+cv::Mat decode_file(const std::string& path) {
+  return decode_bytes(read_all(path), path);
+}
 
 cv::Mat wrap_view(const ImageView& v, const std::string& what) {
   if (v.data == nullptr) throw Error(ErrorCode::kInvalidInput, what + ": null pixel pointer");
@@ -116,9 +124,12 @@ cv::Mat wrap_view(const ImageView& v, const std::string& what) {
 
 cv::Mat load_input(const Input& input, const std::string& what) {
   switch (input.kind()) {
-    case Input::Kind::kFile: return decode_file(input.path());
-    case Input::Kind::kEncoded: return decode_bytes(input.bytes(), what);
-    case Input::Kind::kRgb: return wrap_view(input.view(), what);
+    case Input::Kind::kFile:
+      return decode_file(input.path());
+    case Input::Kind::kEncoded:
+      return decode_bytes(input.bytes(), what);
+    case Input::Kind::kRgb:
+      return wrap_view(input.view(), what);
   }
   throw Error(ErrorCode::kInternal, "unknown input kind");
 }

@@ -11,8 +11,8 @@
 
 namespace sapiens_seg::io {
 
-constexpr int kMinSide = 32;                     // smaller images carry no usable person
-constexpr std::int64_t kMaxPixels = 1LL << 28;   // 268 MP: far past any camera, bounds memory
+constexpr int kMinSide = 32;                    // smaller images carry no usable person
+constexpr std::int64_t kMaxPixels = 1LL << 28;  // 268 MP: far past any camera, bounds memory
 
 // Decodes like cv2.imread(path) in the authors' demo (IMREAD_COLOR: EXIF orientation applied,
 // grey replicated, alpha dropped, 16-bit reduced to its high byte), then converts BGR to RGB.

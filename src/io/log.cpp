@@ -25,8 +25,12 @@ std::atomic<int>& level_ref() {
 
 }  // namespace
 
-void set_log_level(Level level) { level_ref() = static_cast<int>(level); }
-Level log_level() { return static_cast<Level>(level_ref().load()); }
+void set_log_level(Level level) {
+  level_ref() = static_cast<int>(level);
+}
+Level log_level() {
+  return static_cast<Level>(level_ref().load());
+}
 
 void log(Level level, const std::string& message) {
   if (static_cast<int>(level) < level_ref().load()) return;

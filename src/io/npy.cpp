@@ -17,7 +17,8 @@ void write_file_atomic(const std::string& path, const void* data, std::size_t si
   auto fail = [&](const std::string& what) {
     const int err = errno;
     std::remove(tmp.c_str());
-    throw Error(ErrorCode::kIo, "cannot write " + path + ": " + what + " (" + std::strerror(err) + ")");
+    throw Error(ErrorCode::kIo,
+                "cannot write " + path + ": " + what + " (" + std::strerror(err) + ")");
   };
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) fail("cannot create the file");

@@ -6,8 +6,8 @@
 
 #include "log.hpp"
 #include "paths.hpp"
-#include "sha256.hpp"
 #include "sapiens_seg/error.hpp"
+#include "sha256.hpp"
 
 namespace sapiens_seg::io {
 namespace fs = std::filesystem;

@@ -25,7 +25,8 @@ void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> part
     FAIL() << "no error thrown";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 
@@ -67,9 +68,10 @@ Compared compare(const Result& r, const fs::path& ref_dir) {
   const auto gap = read_npy((ref_dir / "top2_gap.npy").string());
   EXPECT_EQ(labels.shape, (std::vector<std::int64_t>{r.height, r.width}));
   EXPECT_EQ(static_cast<std::int64_t>(r.raw_logits.size()), logits.numel());
-  for (std::int64_t i = 0; i < logits.numel() && i < static_cast<std::int64_t>(r.raw_logits.size()); ++i) {
-    c.max_logit_diff = std::max(c.max_logit_diff,
-                                static_cast<double>(std::abs(r.raw_logits[i] - logits.as<float>()[i])));
+  for (std::int64_t i = 0; i < logits.numel() && i < static_cast<std::int64_t>(r.raw_logits.size());
+       ++i) {
+    c.max_logit_diff = std::max(
+        c.max_logit_diff, static_cast<double>(std::abs(r.raw_logits[i] - logits.as<float>()[i])));
   }
   for (std::size_t i = 0; i < r.labels.size(); ++i) {
     if (r.labels[i] != labels.as<std::uint8_t>()[i]) {
@@ -131,7 +133,8 @@ TEST(ParityApiBatch, MixedSizesInOneBatchEqualSingleCalls) {
     EXPECT_LE(d, 1e-4) << batch[i].path();
     EXPECT_EQ(results[i].height, one.height);
     std::int64_t differ = 0;
-    for (std::size_t k = 0; k < one.labels.size(); ++k) differ += one.labels[k] != results[i].labels[k];
+    for (std::size_t k = 0; k < one.labels.size(); ++k)
+      differ += one.labels[k] != results[i].labels[k];
     EXPECT_LE(differ, static_cast<std::int64_t>(one.labels.size() / 10000)) << batch[i].path();
   }
 }
@@ -141,7 +144,8 @@ TEST(UnitApi, InputKindsAgree) {
   const std::string path = fixture("images/synth_300x211.png");
   const Result from_file = m.segment(Input::file(path));
   std::ifstream in(path, std::ios::binary);
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
   const Result from_bytes = m.segment(Input::encoded(bytes));
   const Image img = read_image(path);
   const Result from_view = m.segment(Input::rgb(img.view()));
@@ -159,8 +163,13 @@ TEST(UnitApi, InputKindsAgree) {
   EXPECT_EQ(ov.rgb.size(), img.rgb.size());
   const auto& c = from_file.palette[from_file.labels[0]];
   EXPECT_EQ(ov.rgb[0], static_cast<std::uint8_t>(img.rgb[0] * 0.5f + c[0] * 0.5f));
-  expect_error([&] { overlay(from_file, m.segment(Input::file(fixture("images/synth_33x47.png"))).labels.empty() ? img.view() : ImageView{img.rgb.data(), 10, 10, 0}); },
-               ErrorCode::kInvalidInput, {"overlay"});
+  expect_error(
+      [&] {
+        overlay(from_file, m.segment(Input::file(fixture("images/synth_33x47.png"))).labels.empty()
+                               ? img.view()
+                               : ImageView{img.rgb.data(), 10, 10, 0});
+      },
+      ErrorCode::kInvalidInput, {"overlay"});
 }
 
 TEST(UnitApi, LogitsOnlyWhenAskedAndConsistentWithLabels) {
@@ -185,11 +194,18 @@ TEST(UnitApi, LogitsOnlyWhenAskedAndConsistentWithLabels) {
 TEST(UnitApi, BadInputsAndModes) {
   const Model m = load_fixture("tiny_a");
   std::vector<std::uint8_t> small(31 * 40 * 3, 128);
-  expect_error([&] { m.segment(Input::rgb({small.data(), 31, 40, 0})); }, ErrorCode::kInvalidInput,
-               {"at least 32"});
-  expect_error([&] { m.segment(Input::file(fixture("nope.png"))); }, ErrorCode::kNotFound, {"nope.png"});
-  expect_error([&] { m.segment(Input::encoded({'j', 'u', 'n', 'k'})); }, ErrorCode::kInvalidInput,
-               {"cannot decode"});
+  expect_error(
+      [&] {
+        m.segment(Input::rgb({small.data(), 31, 40, 0}));
+      },
+      ErrorCode::kInvalidInput, {"at least 32"});
+  expect_error([&] { m.segment(Input::file(fixture("nope.png"))); }, ErrorCode::kNotFound,
+               {"nope.png"});
+  expect_error(
+      [&] {
+        m.segment(Input::encoded({'j', 'u', 'n', 'k'}));
+      },
+      ErrorCode::kInvalidInput, {"cannot decode"});
   expect_error([] { load_fixture("tiny_a", {.mode = Mode::kKernels}); },
                ErrorCode::kBackendUnavailable, {"kernels"});
   expect_error([] { load_fixture("tiny_a", {.dtype = DType::kFloat16}); },
@@ -200,16 +216,18 @@ TEST(UnitApi, BadInputsAndModes) {
                ErrorCode::kBackendUnavailable, {"original"});
   expect_error([] { load_fixture("tiny_a", {.device = "cuda:0"}); }, ErrorCode::kBackendUnavailable,
                {"CUDA"});
-  expect_error([] { load_fixture("broken_wrong_shape"); }, ErrorCode::kFormatError,
+  expect_error([] { load(fixture("broken_wrong_shape.pt2")); }, ErrorCode::kFormatError,
                {"broken_wrong_shape", "wrong shape"});
   expect_error([] { load(fixture("broken_not_zip.pt2")); }, ErrorCode::kFormatError,
                {"not a TorchScript archive"});
-  expect_error([] { load(fixture("broken_truncated.pt2")); }, ErrorCode::kFormatError, {"truncated"});
+  expect_error([] { load(fixture("broken_truncated.pt2")); }, ErrorCode::kFormatError,
+               {"truncated"});
   expect_error([] { load(fixture("broken_missing_tensor.pt2")); }, ErrorCode::kFormatError,
                {"decode_head.conv_layers.0.bias"});
   expect_error([] { load(fixture("broken_unexpected_tensor.pt2")); }, ErrorCode::kFormatError,
                {"backbone.cls_token"});
-  expect_error([] { load(fixture("broken_wrong_dtype.pt2")); }, ErrorCode::kFormatError, {"Double"});
+  expect_error([] { load(fixture("broken_wrong_dtype.pt2")); }, ErrorCode::kFormatError,
+               {"Double"});
 }
 
 TEST(UnitApi, CardsWeightsLicenceAndHashes) {
@@ -260,12 +278,14 @@ TEST(UnitApi, ConcurrentCallsOnOneModelAgreeWithSerialOnes) {
     threads.emplace_back([&, t] {
       for (std::size_t i = 0; i < paths.size(); ++i) {
         const auto k = (i + static_cast<std::size_t>(t)) % paths.size();
-        if (m.segment(Input::file(paths[k])).labels != serial[k]) ++mismatches[static_cast<std::size_t>(t)];
+        if (m.segment(Input::file(paths[k])).labels != serial[k])
+          ++mismatches[static_cast<std::size_t>(t)];
       }
     });
   }
   for (auto& th : threads) th.join();
-  for (int t = 0; t < 8; ++t) EXPECT_EQ(mismatches[static_cast<std::size_t>(t)], 0) << "thread " << t;
+  for (int t = 0; t < 8; ++t)
+    EXPECT_EQ(mismatches[static_cast<std::size_t>(t)], 0) << "thread " << t;
 }
 
 TEST(UnitApi, SystemInfo) {

@@ -30,7 +30,8 @@ void expect_error(Fn fn, ErrorCode code, std::initializer_list<const char*> part
     FAIL() << "no error thrown";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), code) << e.what();
-    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    for (const char* p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
 }
 
@@ -49,7 +50,8 @@ class ScopedEnv {
 };
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("sapiens_seg_test_" + name + "_" + std::to_string(getpid()));
+  const fs::path d =
+      fs::temp_directory_path() / ("sapiens_seg_test_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -68,8 +70,8 @@ cv::Mat pattern(int h, int w, int type = CV_8UC3) {
 }
 
 void write_bytes(const fs::path& p, const std::vector<std::uint8_t>& b) {
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()),
-                                          static_cast<std::streamsize>(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 }  // namespace
@@ -119,13 +121,14 @@ TEST(UnitCards, OverlayFolderAndMalformedCards) {
     ScopedEnv env("SAPIENS_SEG_CARDS", fixture("cards"));
     EXPECT_EQ(find_card("fixture-tiny-a").file, "tiny_a_torchscript.pt2");
   }
-  std::ifstream in(fixture("cards/fixture-tiny-a.json"));
+  std::ifstream in(fixture("cards/tiny_a.json"));
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto write = [&](const std::string& text) {
     std::ofstream(d / "card.json") << text;
     return (d / "card.json").string();
   };
-  expect_error([&] { read_card(write("{ not json")); }, ErrorCode::kFormatError, {"not valid JSON"});
+  expect_error([&] { read_card(write("{ not json")); }, ErrorCode::kFormatError,
+               {"not valid JSON"});
   std::string bad_hash = good;
   const auto pos = bad_hash.find("\"sha256\": \"") + 11;
   bad_hash.replace(pos, 4, "XYZ!");
@@ -175,18 +178,19 @@ TEST(UnitImage, DecodeRules) {
     for (int x = 0; x < deep.cols; ++x)
       for (int c = 0; c < 3; ++c)
         shifted.at<cv::Vec3b>(y, x)[c] = static_cast<uchar>(deep.at<cv::Vec3w>(y, x)[c] >> 8);
-  EXPECT_EQ(cv::norm(back, shifted, cv::NORM_INF), 0) << "16-bit PNG is not reduced to its high byte";
+  EXPECT_EQ(cv::norm(back, shifted, cv::NORM_INF), 0)
+      << "16-bit PNG is not reduced to its high byte";
 }
 
 TEST(UnitImage, ExifOrientationIsApplied) {
   std::vector<std::uint8_t> jpg = encode(pattern(40, 64), ".jpg");  // 64 wide, 40 high
   // APP1 Exif segment with one IFD0 entry: Orientation (0x0112) = 6, "rotate 90 clockwise".
   const std::vector<std::uint8_t> app1 = {
-      0xFF, 0xE1, 0x00, 0x22, 'E', 'x', 'i', 'f', 0, 0,          // marker, length 34, "Exif\0\0"
-      'I', 'I', 0x2A, 0x00, 0x08, 0x00, 0x00, 0x00,                // TIFF little-endian, IFD0 at 8
-      0x01, 0x00,                                                  // one entry
+      0xFF, 0xE1, 0x00, 0x22, 'E',  'x',  'i',  'f',  0,    0,  // marker, length 34, "Exif\0\0"
+      'I',  'I',  0x2A, 0x00, 0x08, 0x00, 0x00, 0x00,           // TIFF little-endian, IFD0 at 8
+      0x01, 0x00,                                               // one entry
       0x12, 0x01, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00,  // tag, SHORT, 1, 6
-      0x00, 0x00, 0x00, 0x00};                                     // no next IFD
+      0x00, 0x00, 0x00, 0x00};                                                 // no next IFD
   jpg.insert(jpg.begin() + 2, app1.begin(), app1.end());
   const cv::Mat rgb = io::decode_bytes(jpg, "exif");
   EXPECT_EQ(rgb.cols, 40);
@@ -197,12 +201,17 @@ TEST(UnitImage, BadImagesGetClearErrors) {
   const auto d = temp_dir("img");
   std::vector<std::uint8_t> jpg = encode(pattern(200, 300), ".jpg");
   std::vector<std::uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() / 2));
-  expect_error([&] { io::decode_bytes(cut, "cut.jpg"); }, ErrorCode::kInvalidInput, {"truncated JPEG"});
+  expect_error([&] { io::decode_bytes(cut, "cut.jpg"); }, ErrorCode::kInvalidInput,
+               {"truncated JPEG"});
   std::vector<std::uint8_t> png = encode(pattern(200, 300), ".png");
   std::vector<std::uint8_t> cut_png(png.begin(), png.begin() + static_cast<long>(png.size() / 2));
-  expect_error([&] { io::decode_bytes(cut_png, "cut.png"); }, ErrorCode::kInvalidInput, {"cannot decode"});
-  expect_error([&] { io::decode_bytes({1, 2, 3, 4, 5}, "junk"); }, ErrorCode::kInvalidInput,
-               {"cannot decode junk"});
+  expect_error([&] { io::decode_bytes(cut_png, "cut.png"); }, ErrorCode::kInvalidInput,
+               {"cannot decode"});
+  expect_error(
+      [&] {
+        io::decode_bytes({1, 2, 3, 4, 5}, "junk");
+      },
+      ErrorCode::kInvalidInput, {"cannot decode junk"});
   expect_error([&] { io::decode_bytes({}, "empty"); }, ErrorCode::kInvalidInput, {"0 bytes"});
   expect_error([&] { io::decode_bytes(encode(pattern(31, 100), ".png"), "tiny"); },
                ErrorCode::kInvalidInput, {"at least 32"});
@@ -262,8 +271,9 @@ TEST(UnitWeights, LocateVerifyAndGates) {
     ScopedEnv nc("SAPIENS_SEG_NONCOMMERCIAL", "1");
     io::check_license(v1, {});
   }
-  expect_error([&] { io::locate_weights(v1); }, ErrorCode::kNotFound,
-               {v1.file.c_str(), v1.sha256->c_str(), v1.url.c_str(), (d / "home" / "weights").c_str()});
+  expect_error(
+      [&] { io::locate_weights(v1); }, ErrorCode::kNotFound,
+      {v1.file.c_str(), v1.sha256->c_str(), v1.url.c_str(), (d / "home" / "weights").c_str()});
 
   // Hand-placed folder, then the Hugging Face cache layout.
   const Card tiny = find_card("fixture-tiny-a");
@@ -275,8 +285,8 @@ TEST(UnitWeights, LocateVerifyAndGates) {
     EXPECT_EQ(io::verify_weights(tiny, p, {}), *tiny.sha256);
   }
   Card hub = v1;
-  const fs::path snap = d / "hf" / "models--facebook--sapiens-seg-0.3b-torchscript" / "snapshots" /
-                        v1.revision;
+  const fs::path snap =
+      d / "hf" / "models--facebook--sapiens-seg-0.3b-torchscript" / "snapshots" / v1.revision;
   fs::create_directories(snap);
   fs::copy_file(fixture("tiny_a_torchscript.pt2"), snap / v1.file);
   EXPECT_EQ(io::locate_weights(hub), (snap / v1.file).string());

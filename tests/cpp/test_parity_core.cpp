@@ -107,7 +107,8 @@ TEST_P(ParityV1, BatchEqualsSingleCallsAndTheBatchReference) {
   double d_single = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     const at::Tensor one = portable->forward(xs[i].unsqueeze(0))[0];
-    d_single = std::max(d_single, (batch[static_cast<int64_t>(i)] - one).abs().max().item<double>());
+    d_single =
+        std::max(d_single, (batch[static_cast<int64_t>(i)] - one).abs().max().item<double>());
   }
   std::printf("%s batch of %zu: max |diff| vs reference batch %.3g, vs single calls %.3g\n",
               GetParam().c_str(), xs.size(), d_ref, d_single);
@@ -138,3 +139,6 @@ TEST_P(ParityV1, UpsampleArgmaxMatchesTheReferenceLabels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Parity, ParityV1, ::testing::Values("tiny_a", "tiny_b"));
+// The 0.3b-wide fixture (real widths: 1024 channels, 16 heads, MLP 4096, a 768-channel head; two
+// blocks) is built by `make_fixtures.py --only wide_0.3b`, which ctest runs for the `slow` label.
+INSTANTIATE_TEST_SUITE_P(Slow, ParityV1, ::testing::Values("wide_0.3b"));

@@ -16,7 +16,9 @@ std::string fixtures_dir() {
   return d;
 }
 
-std::string fixture(const std::string& relative) { return fixtures_dir() + "/" + relative; }
+std::string fixture(const std::string& relative) {
+  return fixtures_dir() + "/" + relative;
+}
 
 std::int64_t Array::numel() const {
   std::int64_t n = 1;

@@ -17,7 +17,9 @@ struct Array {
   std::vector<std::uint8_t> bytes;
   std::int64_t numel() const;
   template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
 };
 // Reads a C-order little-endian .npy written by NumPy (format 1.0-3.0).
 Array read_npy(const std::string& path);

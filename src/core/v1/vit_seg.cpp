@@ -67,8 +67,9 @@ Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
   c.num_classes = need(tensors, "decode_head.conv_seg.weight").size(0);
 
   if (!hints.heads) {
-    refuse("the attention head count is not in the tensor shapes and neither the traced graph nor "
-           "a model card gives it");
+    refuse(
+        "the attention head count is not in the tensor shapes and neither the traced graph nor "
+        "a model card gives it");
   }
   c.heads = *hints.heads;
   if (c.heads <= 0 || c.embed_dim % c.heads != 0) {
@@ -94,8 +95,8 @@ Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
   c.input_w = hints.input_w.value_or(c.grid_w * c.patch);
   if (c.input_h % c.patch != 0 || c.input_w % c.patch != 0 || c.input_h < c.patch ||
       c.input_w < c.patch) {
-    throw Error(ErrorCode::kInvalidInput, "network input size " + std::to_string(c.input_h) +
-                                              "x" + std::to_string(c.input_w) +
+    throw Error(ErrorCode::kInvalidInput, "network input size " + std::to_string(c.input_h) + "x" +
+                                              std::to_string(c.input_w) +
                                               " must be a positive multiple of the patch size " +
                                               std::to_string(c.patch));
   }
@@ -192,10 +193,9 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   blocks_.reserve(static_cast<size_t>(config_.depth));
   for (int64_t i = 0; i < config_.depth; ++i) {
     const std::string p = "backbone.layers." + std::to_string(i) + ".";
-    blocks_.push_back(Block{get(p + "ln1.weight"), get(p + "ln1.bias"),
-                            get(p + "attn.qkv.weight"), get(p + "attn.qkv.bias"),
-                            get(p + "attn.proj.weight"), get(p + "attn.proj.bias"),
-                            get(p + "ln2.weight"), get(p + "ln2.bias"),
+    blocks_.push_back(Block{get(p + "ln1.weight"), get(p + "ln1.bias"), get(p + "attn.qkv.weight"),
+                            get(p + "attn.qkv.bias"), get(p + "attn.proj.weight"),
+                            get(p + "attn.proj.bias"), get(p + "ln2.weight"), get(p + "ln2.bias"),
                             get(p + "ffn.layers.0.0.weight"), get(p + "ffn.layers.0.0.bias"),
                             get(p + "ffn.layers.1.weight"), get(p + "ffn.layers.1.bias")});
   }
@@ -216,9 +216,9 @@ at::Tensor Network::forward(const at::Tensor& input) const {
   const auto& c = config_;
   if (input.dim() != 4 || input.size(1) != 3 || input.size(2) != c.input_h ||
       input.size(3) != c.input_w) {
-    throw Error(ErrorCode::kInvalidInput, "network input must be [B,3," + std::to_string(c.input_h) +
-                                              "," + std::to_string(c.input_w) + "], got " +
-                                              shape_str(input.sizes()));
+    throw Error(ErrorCode::kInvalidInput,
+                "network input must be [B,3," + std::to_string(c.input_h) + "," +
+                    std::to_string(c.input_w) + "], got " + shape_str(input.sizes()));
   }
   const int64_t B = input.size(0), C = c.embed_dim, hd = c.head_dim();
   const int64_t gh = c.input_h / c.patch, gw = c.input_w / c.patch, N = gh * gw;

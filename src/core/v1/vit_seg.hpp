@@ -12,23 +12,23 @@
 namespace sapiens_seg::core::v1 {
 
 struct Config {
-  int64_t embed_dim = 0;      // C
-  int64_t depth = 0;          // L
+  int64_t embed_dim = 0;  // C
+  int64_t depth = 0;      // L
   int64_t heads = 0;
-  int64_t mlp = 0;            // F (4C in the released models)
-  int64_t patch = 0;          // 16
-  int64_t head_channels = 0;  // 768 in the released models
-  int64_t num_classes = 0;    // 28
-  int64_t tokens = 0;         // N of the stored position embedding
-  int64_t grid_h = 0, grid_w = 0;  // training grid of the position embedding
+  int64_t mlp = 0;                   // F (4C in the released models)
+  int64_t patch = 0;                 // 16
+  int64_t head_channels = 0;         // 768 in the released models
+  int64_t num_classes = 0;           // 28
+  int64_t tokens = 0;                // N of the stored position embedding
+  int64_t grid_h = 0, grid_w = 0;    // training grid of the position embedding
   int64_t input_h = 0, input_w = 0;  // network input (a multiple of the patch)
 
   int64_t head_dim() const { return embed_dim / heads; }
 };
 
 struct ConfigHints {
-  std::optional<int64_t> heads;          // from the card or the traced graph
-  std::optional<int64_t> grid_h, grid_w;  // from the card's input size
+  std::optional<int64_t> heads;             // from the card or the traced graph
+  std::optional<int64_t> grid_h, grid_w;    // from the card's input size
   std::optional<int64_t> input_h, input_w;  // requested network input size
 };
 
@@ -50,8 +50,7 @@ class Network {
 
  private:
   struct Block {
-    at::Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w,
-        fc2_b;
+    at::Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
   Config config_;
   at::ScalarType dtype_;

@@ -1,0 +1,146 @@
+"""The sapiens-seg CLI end to end: outputs, exit codes, the main job's failure and success paths.
+
+Run through ctest (it sets SAPIENS_SEG_BUILD and SAPIENS_SEG_FIXTURES)."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
+FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
+CLI = BUILD / "bin" / "sapiens-seg"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "astronaut.jpg"
+
+pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built")
+
+
+def run(*args, env=None, **kw):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SAPIENS_SEG_", "HF_"))}
+    full_env.update(env or {})
+    return subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True,
+                          env=full_env, timeout=600, **kw)
+
+
+@pytest.fixture()
+def isolated(tmp_path):
+    """An environment with an empty cache and no weights anywhere."""
+    return {"SAPIENS_SEG_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(tmp_path / "hf"),
+            "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+
+
+def test_segment_tiny_b_writes_every_output(tmp_path):
+    out = tmp_path / "out"
+    images = [EXAMPLE, FIXTURES / "images" / "synth_landscape_480x640.png"]
+    r = run("segment", *images, "-o", out, "--model", FIXTURES / "tiny_b_torchscript.pt2",
+            "--batch", "2")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"] == {"mode": "portable", "device": "cpu", "dtype": "float32"}
+    assert len(summary["images"]) == 2
+    for img, entry in zip(images, summary["images"]):
+        stem = img.stem
+        src = cv2.imread(str(img))
+        labels = np.load(out / f"{stem}_seg.npy")
+        fg = np.load(out / f"{stem}.npy")
+        png = cv2.imread(str(out / f"{stem}_seg.png"), cv2.IMREAD_UNCHANGED)
+        overlay = cv2.imread(str(out / f"{stem}_overlay.png"))
+        assert labels.dtype == np.int64 and labels.shape == src.shape[:2]
+        assert fg.dtype == np.bool_ and np.array_equal(fg, labels > 0)
+        assert np.array_equal(png.astype(np.int64), labels)
+        assert overlay.shape == src.shape
+        assert labels.min() >= 0 and labels.max() < 28
+        assert entry["height"] == src.shape[0] and entry["width"] == src.shape[1]
+        assert abs(sum(entry["class_fractions"].values()) - 1.0) < 1e-6
+        assert str(out / f"{stem}_seg.png") in r.stdout
+
+
+def test_cli_labels_equal_the_reference_labels(tmp_path):
+    """The CLI on Tiny-A gives the labels of the authors' recipe (tools/make_fixtures.py)."""
+    img = FIXTURES / "images" / "synth_300x211.png"
+    r = run("segment", img, "-o", tmp_path, "--model", FIXTURES / "tiny_a_torchscript.pt2")
+    assert r.returncode == 0, r.stderr
+    labels = np.load(tmp_path / "synth_300x211_seg.npy")
+    ref = FIXTURES / "ref" / "tiny_a" / "synth_300x211"
+    ref_labels = np.load(ref / "labels.npy")
+    gap = np.load(ref / "top2_gap.npy")
+    differ = labels != ref_labels
+    assert not np.any(differ & (gap > 0.004)), f"{differ.sum()} labels differ away from ties"
+
+
+def test_main_job_fails_fast_without_weights_then_succeeds_from_a_card_overlay(tmp_path, isolated):
+    # The README's main job, on a machine with no weights: a quick, precise failure.
+    t0 = time.monotonic()
+    r = run("segment", EXAMPLE, "-o", tmp_path / "out", "--accept-noncommercial", env=isolated)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 11, r.stderr  # not found
+    assert elapsed < 10
+    for part in ("sapiens_0.3b_goliath_best_goliath_mIoU_7673_epoch_194_torchscript.pt2",
+                 "735a9a8d63fe8f3f6a4ca3d787de07e69b1f9708ad550e09bb33c9854b7eafbc",
+                 "https://huggingface.co/facebook/sapiens-seg-0.3b-torchscript/resolve/",
+                 str(tmp_path / "home" / "weights")):
+        assert part in r.stderr
+    # Without accepting the licence it says so first.
+    r = run("segment", EXAMPLE, "-o", tmp_path / "out", env=isolated)
+    assert r.returncode == 15 and "SAPIENS_SEG_NONCOMMERCIAL=1" in r.stderr
+
+    # The same command succeeds once a file matching a card is where the message said: a card
+    # overlay describes the Tiny-B fixture, and the file is placed in the cache folder.
+    weights = tmp_path / "home" / "weights"
+    weights.mkdir(parents=True)
+    (weights / "tiny_b_torchscript.pt2").write_bytes((FIXTURES / "tiny_b_torchscript.pt2").read_bytes())
+    env = {**isolated, "SAPIENS_SEG_CARDS": str(FIXTURES / "cards")}
+    r = run("segment", EXAMPLE, "-o", tmp_path / "out", "--model", "fixture-tiny-b", env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "astronaut_seg.npy").exists()
+
+
+def test_a_bad_image_does_not_cost_the_others(tmp_path):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(EXAMPLE.read_bytes()[:4000])
+    r = run("segment", bad, EXAMPLE, "-o", tmp_path / "out", "--model",
+            FIXTURES / "tiny_a_torchscript.pt2")
+    assert r.returncode == 17, r.stderr  # invalid input
+    assert "truncated JPEG" in r.stderr
+    assert (tmp_path / "out" / "astronaut_seg.npy").exists()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["images"][0]["error"] == "invalid_input"
+
+
+def test_exit_codes_differ_per_error_class(tmp_path):
+    tiny = FIXTURES / "tiny_a_torchscript.pt2"
+    cases = [
+        (["segment", EXAMPLE, "-o", tmp_path, "--model", FIXTURES / "broken_not_zip.pt2"], 18),
+        (["segment", EXAMPLE, "-o", tmp_path, "--model", tiny, "--mode", "kernels"], 16),
+        (["segment", EXAMPLE, "-o", tmp_path, "--model", "no-such-model"], 11),
+        (["segment", EXAMPLE, "-o", tmp_path, "--model", tiny, "--mode", "warp"], 2),
+        (["segment", tmp_path / "missing.jpg", "-o", tmp_path], 2),
+    ]
+    for args, code in cases:
+        r = run(*args)
+        assert r.returncode == code, (args, r.returncode, r.stderr)
+
+
+def test_unwritable_output_fails_before_loading(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    r = run("segment", EXAMPLE, "-o", blocker / "sub", "--model", FIXTURES / "tiny_a_torchscript.pt2")
+    assert r.returncode == 19, r.stderr
+    assert "cannot create output folder" in r.stderr
+
+
+def test_models_and_info():
+    r = run("models")
+    assert r.returncode == 0
+    for v in ("0.3b", "0.6b", "1b", "2b"):
+        assert f"sapiens-seg-{v}-goliath" in r.stdout
+    assert "NOT PINNED" in r.stdout  # 2b has no published hash
+    r = run("info")
+    assert r.returncode == 0
+    assert "libtorch" in r.stdout and "kernels: unavailable" in r.stdout
