@@ -76,6 +76,7 @@ set(SAPIENS_SEG_RUNTIME_RPATH ${SAPIENS_SEG_TORCH_LIB_DIR} ${SAPIENS_SEG_TORCH_N
 if(SAPIENS_SEG_BUILD_IO)
   find_package(OpenCV REQUIRED COMPONENTS core imgproc imgcodecs)
   find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+  find_package(CURL 7.85 REQUIRED)
   find_package(nlohmann_json 3.10 REQUIRED)
   find_package(CLI11 REQUIRED)
 endif()

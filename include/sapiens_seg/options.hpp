@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "sapiens_seg/weights.hpp"
+
 namespace sapiens_seg {
 
 enum class Mode {
@@ -41,6 +43,8 @@ struct LoadOptions {
   int input_width = 0;
   // Intra-op CPU threads (0 = LibTorch's default, one per core).
   int threads = 0;
+  // Downloads of missing weights (see weights.hpp): progress callback and HF_TOKEN opt-in.
+  FetchOptions fetch;
 };
 
 struct SegmentOptions {

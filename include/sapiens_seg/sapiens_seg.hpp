@@ -6,3 +6,4 @@
 #include "sapiens_seg/error.hpp"
 #include "sapiens_seg/model.hpp"
 #include "sapiens_seg/options.hpp"
+#include "sapiens_seg/weights.hpp"

@@ -157,8 +157,7 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   } else {
     card = find_card(id_or_path);
     io::check_license(*card, gate);
-    path = io::locate_weights(*card);
-    io::verify_weights(*card, path, gate);
+    path = io::obtain_weights(*card, gate, opt.fetch);
   }
   if (card && card->family != "sapiens-v1") {
     throw Error(ErrorCode::kBackendUnavailable,

@@ -5,11 +5,15 @@
 // unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error).
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,6 +29,12 @@ namespace fs = std::filesystem;
 using namespace sapiens_seg;
 
 namespace {
+
+// Ctrl-C during a download: stop cleanly and keep the partial file for the next run.
+std::atomic<bool> g_cancel{false};
+extern "C" void on_sigint(int) {
+  g_cancel = true;
+}
 
 int exit_code(ErrorCode c) {
   return 10 + static_cast<int>(c);
@@ -43,7 +53,7 @@ struct SegmentArgs {
   int batch = 1;
   int threads = 0;
   float opacity = 0.5f;
-  bool accept_nc = false, allow_unverified = false;
+  bool accept_nc = false, allow_unverified = false, use_hf_token = false;
 };
 
 LoadOptions load_options(const SegmentArgs& a) {
@@ -63,6 +73,8 @@ LoadOptions load_options(const SegmentArgs& a) {
   o.accept_noncommercial = a.accept_nc;
   o.allow_unverified = a.allow_unverified;
   o.threads = a.threads;
+  o.fetch.use_hf_token = a.use_hf_token;
+  o.fetch.cancel = &g_cancel;
   return o;
 }
 
@@ -139,14 +151,86 @@ int run_segment(const SegmentArgs& a) {
   return status;
 }
 
-int run_models() {
+std::string human_size(std::optional<std::uint64_t> bytes) {
+  if (!bytes) return "size unknown";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(*bytes) / 1e9);
+  return buf;
+}
+
+int run_models_list() {
   for (const Card& c : list_cards()) {
-    std::cout << c.id << "  " << c.family << "  " << c.license_id
-              << (c.commercial_use ? "" : " (non-commercial)") << "  "
-              << (c.size ? std::to_string(*c.size / 1000000) + " MB" : std::string("size unknown"))
-              << "  sha256 "
-              << (c.sha256 ? c.sha256->substr(0, 12) + "..." : std::string("NOT PINNED")) << "\n";
+    const WeightsStatus s = weights_status(c.id);
+    std::cout << c.id << "  " << c.license_id << (c.commercial_use ? "" : " (non-commercial)")
+              << "  " << human_size(c.size) << "  sha256 "
+              << (c.sha256 ? c.sha256->substr(0, 12) + "..." : std::string("NOT PINNED")) << "  "
+              << (s.present ? "present: " + s.path : std::string("not downloaded")) << "\n";
   }
+  return 0;
+}
+
+int run_models_download(const std::string& id, bool use_hf_token) {
+  const Card card = find_card(id);
+  if (!card.commercial_use) {
+    std::fprintf(stderr,
+                 "note: %s is licensed %s (non-commercial use only); loading it needs "
+                 "--accept-noncommercial or SAPIENS_SEG_NONCOMMERCIAL=1\n",
+                 card.id.c_str(), card.license_id.c_str());
+  }
+  FetchOptions o;
+  o.use_hf_token = use_hf_token;
+  o.cancel = &g_cancel;
+  std::cout << fetch(id, o) << "\n";
+  return 0;
+}
+
+int run_models_verify(const std::string& id) {
+  std::vector<std::string> ids;
+  if (!id.empty()) {
+    ids.push_back(id);
+  } else {
+    for (const Card& c : list_cards()) {
+      if (weights_status(c.id).present) ids.push_back(c.id);
+    }
+  }
+  int status = 0;
+  for (const auto& i : ids) {
+    try {
+      const WeightsStatus s = verify(i);
+      std::cout << i << "  " << (s.verified ? "OK" : "UNPINNED") << "  sha256 " << s.sha256 << "  "
+                << s.path << "\n";
+    } catch (const Error& e) {
+      std::cout << i << "  FAILED\n";
+      print_error(e);
+      if (status == 0) status = exit_code(e.code());
+    }
+  }
+  if (ids.empty()) std::cerr << "no downloaded weights to verify\n";
+  return status;
+}
+
+int run_models_path(const std::string& id) {
+  const WeightsStatus s = weights_status(id);
+  std::cout << s.path << "\n";
+  if (!s.present) {
+    std::fprintf(stderr, "sapiens-seg: %s is not downloaded; this is where it would go\n",
+                 s.id.c_str());
+    return exit_code(ErrorCode::kNotFound);
+  }
+  return 0;
+}
+
+int run_models_rm(const std::string& id) {
+  const WeightsStatus s = weights_status(id);
+  if (!remove_weights(id)) {
+    std::fprintf(stderr, "sapiens-seg: nothing of %s in the cache %s\n", s.id.c_str(),
+                 (s.location.empty() || s.location == "cache"
+                      ? std::string()
+                      : "(its file is in " + s.location + ", which sapiens-seg never deletes)")
+                     .c_str());
+    return exit_code(ErrorCode::kNotFound);
+  }
+  std::cout << "removed " << s.id << "\n";
   return 0;
 }
 
@@ -207,9 +291,24 @@ int main(int argc, char** argv) {
               "accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights");
   s->add_flag("--allow-unverified", seg.allow_unverified,
               "load weights whose card has no pinned SHA-256");
+  s->add_flag("--use-hf-token", seg.use_hf_token,
+              "send $HF_TOKEN when downloading (also SAPIENS_SEG_USE_HF_TOKEN=1)");
 
-  auto* m = app.add_subcommand("models", "list the model cards");
-  m->add_subcommand("list", "list the model cards (default)");
+  auto* m = app.add_subcommand("models", "list, download, verify and remove model weights");
+  std::string model_id;
+  bool use_hf_token = false;
+  m->add_subcommand("list", "the model cards and whether their weights are here (default)");
+  auto* m_download = m->add_subcommand("download", "download and verify a model's weights");
+  m_download->add_option("id", model_id, "card id")->required();
+  m_download->add_flag("--use-hf-token", use_hf_token,
+                       "send $HF_TOKEN (also SAPIENS_SEG_USE_HF_TOKEN=1)");
+  auto* m_verify = m->add_subcommand("verify", "re-hash downloaded weights (all, or one id)");
+  m_verify->add_option("id", model_id, "card id");
+  auto* m_path = m->add_subcommand("path", "print where a model's weights are (or would go)");
+  m_path->add_option("id", model_id, "card id")->required();
+  auto* m_rm = m->add_subcommand("rm", "delete a model's weights from the cache");
+  m_rm->add_option("id", model_id, "card id")->required();
+  m->require_subcommand(0, 1);
   auto* info = app.add_subcommand("info", "versions, threads and backends of this machine");
 
   try {
@@ -221,8 +320,18 @@ int main(int argc, char** argv) {
   if (quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
   if (verbose) setenv("SAPIENS_SEG_LOG", "info", 1);
   try {
-    if (s->parsed()) return run_segment(seg);
-    if (m->parsed()) return run_models();
+    if (s->parsed()) {
+      std::signal(SIGINT, on_sigint);
+      return run_segment(seg);
+    }
+    if (m->parsed()) {
+      std::signal(SIGINT, on_sigint);
+      if (m_download->parsed()) return run_models_download(model_id, use_hf_token);
+      if (m_verify->parsed()) return run_models_verify(model_id);
+      if (m_path->parsed()) return run_models_path(model_id);
+      if (m_rm->parsed()) return run_models_rm(model_id);
+      return run_models_list();
+    }
     if (info->parsed()) return run_info();
   } catch (const Error& e) {
     print_error(e);

@@ -14,8 +14,12 @@
 namespace sapiens_seg::io {
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  if (ctx_ == nullptr ||
-      EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
+  if (ctx_ == nullptr) throw Error(ErrorCode::kInternal, "OpenSSL: cannot allocate a digest");
+  reset();
+}
+
+void Sha256::reset() {
+  if (EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
     throw Error(ErrorCode::kInternal, "OpenSSL: cannot initialise SHA-256");
   }
 }

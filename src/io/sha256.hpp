@@ -14,6 +14,7 @@ class Sha256 {
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
   void update(const void* data, std::size_t size);
+  void reset();       // start over, as if new
   std::string hex();  // finishes the digest
 
  private:

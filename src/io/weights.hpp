@@ -1,10 +1,11 @@
-// The weight store, as far as loading needs it: find a card's file on this machine, check its
-// licence gate and its SHA-256.
+// The weight store internals: lookup, stamps, verification, licence gates and downloads.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "sapiens_seg/cards.hpp"
+#include "sapiens_seg/weights.hpp"
 
 namespace sapiens_seg::io {
 
@@ -16,17 +17,30 @@ struct GateOptions {
 // Throws Error(kLicenseNotAccepted) for non-commercial weights without acceptance.
 void check_license(const Card& card, const GateOptions& gate);
 
-// Looks for the card's file: $SAPIENS_SEG_WEIGHTS_PATH/<file>, <cache>/weights/<file>, then the
-// Hugging Face hub cache (models--ORG--NAME/snapshots/REV/FILE). Throws Error(kNotFound) naming
-// the file, its size, SHA-256, URL and the folder to put it in.
-std::string locate_weights(const Card& card);
+struct Located {
+  std::string path;
+  std::string location;  // "weights_path", "cache" or "hf_cache"
+};
+// Looks for the card's file without hashing or network.
+std::optional<Located> find_weights(const Card& card);
 
-// Hashes the file and compares with the card. A mismatch throws Error(kChecksumMismatch) with
-// both hashes; a card without a pinned hash needs allow_unverified and logs the computed hash so
-// the user can pin it. Returns the computed hash.
-std::string verify_weights(const Card& card, const std::string& path, const GateOptions& gate);
-
-// Where a hand-placed file for `card` is expected (for messages and `models path`).
+// Where a download puts the card's file: <cache>/weights/<file>.
 std::string weights_target(const Card& card);
+// $HF_ENDPOINT/<repo>/resolve/<revision>/<path_in_repo>, else the card's url ("" when neither).
+std::string download_url(const Card& card);
+bool offline();  // SAPIENS_SEG_OFFLINE=1 or HF_HUB_OFFLINE=1
+
+// Checks `path` against the card: the stamp when it matches the file's size, mtime and inode,
+// else a fresh hash (always with `rehash`), which then gets a stamp. A mismatch throws
+// Error(kChecksumMismatch) with both hashes; a card without a pinned hash needs
+// allow_unverified and logs the computed hash. Returns the hash.
+std::string verify_weights(const Card& card, const std::string& path, const GateOptions& gate,
+                           bool rehash = false);
+
+// Forgets the verification stamp of `path`.
+void remove_stamp(const std::string& path);
+
+// find_weights, else (unless offline) a download into the cache; then verify_weights.
+std::string obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch);
 
 }  // namespace sapiens_seg::io

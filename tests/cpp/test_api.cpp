@@ -238,12 +238,13 @@ TEST(UnitApi, CardsWeightsLicenceAndHashes) {
   ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
   ScopedEnv nc("SAPIENS_SEG_NONCOMMERCIAL", std::nullopt);
   ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", std::nullopt);
+  ScopedEnv offline("SAPIENS_SEG_OFFLINE", "1");  // tests never reach the internet
 
   // The bundled v1 cards: licence first, then where the file should go.
   expect_error([] { load("sapiens-seg-0.3b-goliath"); }, ErrorCode::kLicenseNotAccepted,
                {"CC-BY-NC-4.0", "--accept-noncommercial"});
   expect_error([] { load("sapiens-seg-0.3b-goliath", {.accept_noncommercial = true}); },
-               ErrorCode::kNotFound,
+               ErrorCode::kOffline,
                {"sapiens_0.3b_goliath_best_goliath_mIoU_7673_epoch_194_torchscript.pt2",
                 "735a9a8d63fe8f3f6a4ca3d787de07e69b1f9708ad550e09bb33c9854b7eafbc",
                 "https://huggingface.co/facebook/sapiens-seg-0.3b-torchscript/resolve/",
@@ -261,7 +262,7 @@ TEST(UnitApi, CardsWeightsLicenceAndHashes) {
     expect_error([] { load("fixture-wrong-hash"); }, ErrorCode::kChecksumMismatch,
                  {"expected sha256 0000000000", "actual   sha256"});
   }
-  expect_error([] { load("fixture-tiny-b"); }, ErrorCode::kNotFound,
+  expect_error([] { load("fixture-tiny-b"); }, ErrorCode::kOffline,
                {"tiny_b_torchscript.pt2", (tmp / "home" / "weights").string()});
   fs::remove_all(tmp);
 }

@@ -271,8 +271,10 @@ TEST(UnitWeights, LocateVerifyAndGates) {
     ScopedEnv nc("SAPIENS_SEG_NONCOMMERCIAL", "1");
     io::check_license(v1, {});
   }
+  EXPECT_FALSE(io::find_weights(v1).has_value());
+  ScopedEnv offline("SAPIENS_SEG_OFFLINE", "1");
   expect_error(
-      [&] { io::locate_weights(v1); }, ErrorCode::kNotFound,
+      [&] { io::obtain_weights(v1, {.accept_noncommercial = true}, {}); }, ErrorCode::kOffline,
       {v1.file.c_str(), v1.sha256->c_str(), v1.url.c_str(), (d / "home" / "weights").c_str()});
 
   // Hand-placed folder, then the Hugging Face cache layout.
@@ -281,7 +283,10 @@ TEST(UnitWeights, LocateVerifyAndGates) {
   fs::copy_file(fixture("tiny_a_torchscript.pt2"), d / "placed" / tiny.file);
   {
     ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", (d / "placed").string());
-    const std::string p = io::locate_weights(tiny);
+    const auto found = io::find_weights(tiny);
+    ASSERT_TRUE(found.has_value());
+    EXPECT_EQ(found->location, "weights_path");
+    const std::string p = found->path;
     EXPECT_EQ(io::verify_weights(tiny, p, {}), *tiny.sha256);
   }
   Card hub = v1;
@@ -289,7 +294,8 @@ TEST(UnitWeights, LocateVerifyAndGates) {
       d / "hf" / "models--facebook--sapiens-seg-0.3b-torchscript" / "snapshots" / v1.revision;
   fs::create_directories(snap);
   fs::copy_file(fixture("tiny_a_torchscript.pt2"), snap / v1.file);
-  EXPECT_EQ(io::locate_weights(hub), (snap / v1.file).string());
+  EXPECT_EQ(io::find_weights(hub)->path, (snap / v1.file).string());
+  EXPECT_EQ(io::find_weights(hub)->location, "hf_cache");
   // ...which is then refused by size and by hash: it is not the real file.
   expect_error([&] { io::verify_weights(hub, (snap / v1.file).string(), {}); },
                ErrorCode::kChecksumMismatch, {"bytes"});
@@ -304,6 +310,37 @@ TEST(UnitWeights, LocateVerifyAndGates) {
   expect_error([&] { io::verify_weights(unpinned, placed, {}); }, ErrorCode::kChecksumMismatch,
                {"SAPIENS_SEG_ALLOW_UNVERIFIED=1"});
   EXPECT_EQ(io::verify_weights(unpinned, placed, {.allow_unverified = true}), *tiny.sha256);
+}
+
+TEST(UnitWeights, StampsSkipTheHashUntilTheFileChanges) {
+  const auto d = temp_dir("stamps");
+  ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
+  ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
+  const Card tiny = find_card("fixture-tiny-a");
+  const std::string file = (d / tiny.file).string();
+  fs::copy_file(fixture("tiny_a_torchscript.pt2"), file);
+  // A file written just now is "racy" (it could change again within the timestamp
+  // granularity) and never trusted from a stamp; an older one is.
+  fs::last_write_time(file, fs::last_write_time(file) - std::chrono::seconds(10));
+  EXPECT_EQ(io::verify_weights(tiny, file, {}), *tiny.sha256);
+  // The stamp now stands for the hash: forge one with another hash for the same size, inode and
+  // mtime, and a load believes it, while an explicit re-hash does not.
+  fs::path stamp;
+  for (const auto& e : fs::directory_iterator(d / "home" / "stamps")) stamp = e.path();
+  ASSERT_FALSE(stamp.empty());
+  std::ifstream in(stamp);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string forged =
+      std::string(text).replace(text.find(*tiny.sha256), 64, std::string(64, 'f'));
+  std::ofstream(stamp) << forged;
+  expect_error([&] { io::verify_weights(tiny, file, {}); }, ErrorCode::kChecksumMismatch,
+               {"actual   sha256 ffffffff"});
+  EXPECT_EQ(io::verify_weights(tiny, file, {}, /*rehash=*/true), *tiny.sha256);
+  // A changed file (new mtime) is hashed again whatever the stamp says.
+  std::ofstream(stamp) << forged;
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(1));
+  EXPECT_EQ(io::verify_weights(tiny, file, {}), *tiny.sha256);
 }
 
 TEST(UnitNpy, WritesWhatNumPyReads) {

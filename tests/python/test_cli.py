@@ -75,25 +75,28 @@ def test_cli_labels_equal_the_reference_labels(tmp_path):
 
 
 def test_main_job_fails_fast_without_weights_then_succeeds_from_a_card_overlay(tmp_path, isolated):
-    # The README's main job, on a machine with no weights: a quick, precise failure.
-    t0 = time.monotonic()
-    r = run("segment", EXAMPLE, "-o", tmp_path / "out", "--accept-noncommercial", env=isolated)
-    elapsed = time.monotonic() - t0
-    assert r.returncode == 11, r.stderr  # not found
-    assert elapsed < 10
-    for part in ("sapiens_0.3b_goliath_best_goliath_mIoU_7673_epoch_194_torchscript.pt2",
-                 "735a9a8d63fe8f3f6a4ca3d787de07e69b1f9708ad550e09bb33c9854b7eafbc",
-                 "https://huggingface.co/facebook/sapiens-seg-0.3b-torchscript/resolve/",
-                 str(tmp_path / "home" / "weights")):
-        assert part in r.stderr
+    # The README's main job on a machine with no weights and no way to fetch them: a quick,
+    # precise failure. The Hub is replaced by a closed loopback port (tests never go online).
+    unreachable = dict(isolated, HF_ENDPOINT="http://127.0.0.1:9", SAPIENS_SEG_RETRY_BASE_MS="20")
+    for env, code in ((unreachable, 13), (dict(isolated, SAPIENS_SEG_OFFLINE="1"), 14)):
+        t0 = time.monotonic()
+        r = run("segment", EXAMPLE, "-o", tmp_path / "out", "--accept-noncommercial", env=env)
+        elapsed = time.monotonic() - t0
+        assert r.returncode == code, r.stderr  # download failed / offline
+        assert elapsed < 10
+        for part in ("sapiens_0.3b_goliath_best_goliath_mIoU_7673_epoch_194_torchscript.pt2",
+                     "735a9a8d63fe8f3f6a4ca3d787de07e69b1f9708ad550e09bb33c9854b7eafbc",
+                     "/facebook/sapiens-seg-0.3b-torchscript/resolve/",
+                     str(tmp_path / "home" / "weights")):
+            assert part in r.stderr
     # Without accepting the licence it says so first.
-    r = run("segment", EXAMPLE, "-o", tmp_path / "out", env=isolated)
+    r = run("segment", EXAMPLE, "-o", tmp_path / "out", env=unreachable)
     assert r.returncode == 15 and "SAPIENS_SEG_NONCOMMERCIAL=1" in r.stderr
 
     # The same command succeeds once a file matching a card is where the message said: a card
     # overlay describes the Tiny-B fixture, and the file is placed in the cache folder.
     weights = tmp_path / "home" / "weights"
-    weights.mkdir(parents=True)
+    weights.mkdir(parents=True, exist_ok=True)
     (weights / "tiny_b_torchscript.pt2").write_bytes((FIXTURES / "tiny_b_torchscript.pt2").read_bytes())
     env = {**isolated, "SAPIENS_SEG_CARDS": str(FIXTURES / "cards")}
     r = run("segment", EXAMPLE, "-o", tmp_path / "out", "--model", "fixture-tiny-b", env=env)
@@ -119,12 +122,13 @@ def test_exit_codes_differ_per_error_class(tmp_path):
         (["segment", EXAMPLE, "-o", tmp_path, "--model", FIXTURES / "broken_not_zip.pt2"], 18),
         (["segment", EXAMPLE, "-o", tmp_path, "--model", tiny, "--mode", "kernels"], 16),
         (["segment", EXAMPLE, "-o", tmp_path, "--model", "no-such-model"], 11),
+        (["models", "path", "sapiens-seg-1b-goliath"], None),
         (["segment", EXAMPLE, "-o", tmp_path, "--model", tiny, "--mode", "warp"], 2),
         (["segment", tmp_path / "missing.jpg", "-o", tmp_path], 2),
     ]
     for args, code in cases:
-        r = run(*args)
-        assert r.returncode == code, (args, r.returncode, r.stderr)
+        r = run(*args, env={"SAPIENS_SEG_HOME": str(tmp_path / "home")})
+        assert r.returncode == (11 if code is None else code), (args, r.returncode, r.stderr)
 
 
 def test_unwritable_output_fails_before_loading(tmp_path):
