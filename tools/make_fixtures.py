@@ -872,6 +872,17 @@ def collect_images(out_dir: Path, extra: list[Path] | None) -> list[Path]:
     return images
 
 
+# The 0.3b-wide fixture runs at real widths, about 20 s per forward pass on 2 CPU cores: its
+# references cover an odd-sized synthetic image and the real photo, not the whole set.
+WIDE_REFERENCE_STEMS = ("synth_33x47", "astronaut")
+
+
+def reference_images(name: str, images: list[Path]) -> list[Path]:
+    if name != "wide_0.3b":
+        return images
+    return [p for p in images if p.stem in WIDE_REFERENCE_STEMS]
+
+
 def build_all(out_dir: Path, wide: bool = False, images: list[Path] | None = None,
               refs: bool = True, names: list[str] | None = None, log=print) -> dict:
     """Build every artefact under out_dir. Raises FixtureError on a failed self-check.
@@ -911,7 +922,8 @@ def build_all(out_dir: Path, wide: bool = False, images: list[Path] | None = Non
         del model
         if refs:
             t0 = time.time()
-            stats = write_references(cfg, path, img_paths, out_dir / "ref" / name)
+            stats = write_references(cfg, path, reference_images(name, img_paths),
+                                     out_dir / "ref" / name)
             for s in stats:
                 log(f"[{name}] ref {s['image']} {s['size'][0]}x{s['size'][1]}: logits "
                     f"[{s['logit_min']:.2f}, {s['logit_max']:.2f}], {s['labels']} labels, "
