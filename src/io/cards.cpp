@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "cards_parse.hpp"
 #include "paths.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -48,9 +50,16 @@ std::array<float, 3> triple(const json& j, const char* key, const std::string& f
 Card read_card(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(ErrorCode::kNotFound, "cannot open card " + path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return io::parse_card(text, path);
+}
+
+namespace io {
+
+Card parse_card(const std::string& text, const std::string& path) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kFormatError, "card " + path + " is not valid JSON: " + e.what());
   }
@@ -126,6 +135,8 @@ Card read_card(const std::string& path) {
   }
   return c;
 }
+
+}  // namespace io
 
 std::vector<Card> list_cards() {
   // Earlier folders win: SAPIENS_SEG_CARDS overrides the bundled cards.
