@@ -297,3 +297,15 @@ def test_progress_bar_on_a_terminal(env, hub):
     cli(env, "models", "rm", ID)
     r = cli(env, "models", "download", ID, mode="ok", hub=hub)
     assert "MB/s" not in r.stderr
+
+
+def test_an_unwritable_cache_gives_a_clean_error(tmp_path, env, hub):
+    # Tests run as root, where permission bits do not stop writes; a cache path that runs
+    # through a regular file fails the same way (the folder cannot be created).
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    r = cli(dict(env, SAPIENS_SEG_HOME=str(blocker / "home")), "models", "download", ID,
+            mode="ok", hub=hub)
+    assert r.returncode == 19, r.stderr
+    assert "cannot create" in r.stderr and str(blocker) in r.stderr
+    assert hub.gets() == []
