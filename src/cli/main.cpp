@@ -127,6 +127,7 @@ int run_segment(const SegmentArgs& a) {
     }
     if (images.empty()) continue;
     std::vector<Input> inputs;
+    inputs.reserve(images.size());
     for (const auto& img : images) inputs.push_back(Input::rgb(img.view()));
     std::vector<Result> results = model.segment(inputs);
     for (std::size_t j = 0; j < results.size(); ++j) {
@@ -253,7 +254,7 @@ int run_info() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"sapiens-seg: Sapiens human body-part segmentation"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(version()));
@@ -341,4 +342,7 @@ int main(int argc, char** argv) {
     return exit_code(ErrorCode::kInternal);
   }
   return 0;
+} catch (const std::exception& e) {  // setting up the parser itself failed
+  std::fprintf(stderr, "sapiens-seg: error [internal_error]: %s\n", e.what());
+  return 20;
 }

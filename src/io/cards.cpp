@@ -154,6 +154,7 @@ std::vector<Card> list_cards() {
     }
   }
   std::vector<Card> out;
+  out.reserve(by_id.size());
   for (auto& [id, c] : by_id) out.push_back(std::move(c));
   return out;
 }

@@ -41,8 +41,8 @@ std::string Sha256::hex() {
     throw Error(ErrorCode::kInternal, "OpenSSL: SHA-256 final failed");
   }
   static const char* digits = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (unsigned int i = 0; i < n; ++i) {
+  std::string out(2 * static_cast<std::size_t>(n), '0');
+  for (std::size_t i = 0; i < n; ++i) {
     out[2 * i] = digits[md[i] >> 4];
     out[2 * i + 1] = digits[md[i] & 15];
   }
