@@ -22,7 +22,7 @@ SystemInfo system_info() {
   s.cuda_available = at::hasCUDA();
   s.kernels_compiled = core::kernels_compiled();
   if (s.cuda_available) {
-    s.cuda_devices = static_cast<int>(at::detail::getCUDAHooks().deviceCount());
+    s.cuda_devices = static_cast<int>(at::getNumGPUs());
   }
   s.backends.emplace_back(
       "portable: cpu (float32, bfloat16)" +
