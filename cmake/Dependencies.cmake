@@ -41,7 +41,10 @@ if(NOT Torch_DIR)
     find_package(Python3 COMPONENTS Interpreter REQUIRED)
     set(_py "${Python3_EXECUTABLE}")
   endif()
-  execute_process(COMMAND "${_py}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+  # PYTHONPATH is dropped so that pip's isolated build environment (pip install .) does not hide
+  # the venv's torch from its own interpreter.
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
+                          "${_py}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
                   OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
                   RESULT_VARIABLE _rc)
   if(NOT _rc EQUAL 0)

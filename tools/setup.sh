@@ -18,11 +18,15 @@ PY_REQS=(
   "numpy==2.3.5"
   "opencv-python-headless==4.10.0.84" # the reference pipeline uses cv2 as the authors' demo does
   "pytest==8.4.2"
+  "pybind11==3.1.0"           # the Python binding (python/), found by CMake through this venv
+  "scikit-build-core==1.1.2"  # pip install --no-build-isolation . (pyproject.toml)
+  "pillow==13.0.0"            # the binding's PIL input test
 )
 APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config
   libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
   libssl-dev libcurl4-openssl-dev
+  python3-dev python3-venv # the venv, and Python.h for the binding
 )
 
 with_apt=1
@@ -68,5 +72,16 @@ else
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q "${PY_REQS[@]}"
   printf '%s\n' "$want" >"$stamp"
+fi
+
+# The Python binding is assembled by `cmake --build --preset release` in build/python; a .pth
+# file puts that folder on .venv's sys.path, so `.venv/bin/python -c "import sapiens_seg"` works
+# after the build. A package installed with `pip install .` comes first (site-packages is
+# searched before the folders .pth files add).
+site_dir=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+pth="$site_dir/sapiens_seg_build.pth"
+if [ "$(cat "$pth" 2>/dev/null)" != "$here/build/python" ]; then
+  printf '%s\n' "$here/build/python" >"$pth"
+  log "sapiens_seg: .venv imports the binding from build/python"
 fi
 log "done"

@@ -2,6 +2,8 @@
 #include "sapiens_seg/cards.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -33,16 +35,37 @@ T field(const json& j, const char* key, const std::string& file) {
   }
 }
 
+// Numbers are range-checked before conversion: a JSON number outside the C++ type's range
+// would otherwise convert with undefined behaviour (found by fuzzing).
+int int_field(const json& j, const char* key, const std::string& file) {
+  const auto v = field<json>(j, key, file);
+  if (!v.is_number_integer() || v.get<std::int64_t>() < -(1LL << 31) ||
+      v.get<std::int64_t>() >= (1LL << 31)) {
+    throw Error(ErrorCode::kFormatError,
+                "card " + file + ": field '" + key + "' must be an integer of a sensible size");
+  }
+  return static_cast<int>(v.get<std::int64_t>());
+}
+
 std::string opt_string(const json& j, const char* key) {
   return j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>() : std::string();
 }
 
 std::array<float, 3> triple(const json& j, const char* key, const std::string& file) {
-  const auto v = field<std::vector<float>>(j, key, file);
-  if (v.size() != 3) {
+  const auto v = field<json>(j, key, file);
+  if (!v.is_array() || v.size() != 3) {
     throw Error(ErrorCode::kFormatError, "card " + file + ": '" + key + "' needs 3 values");
   }
-  return {v[0], v[1], v[2]};
+  std::array<float, 3> out{};
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double d = v[i].is_number() ? v[i].get<double>() : std::nan("");
+    if (!(std::abs(d) < 1e6)) {
+      throw Error(ErrorCode::kFormatError,
+                  "card " + file + ": '" + key + "' values must be numbers below 1e6");
+    }
+    out[i] = static_cast<float>(d);
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,7 +87,7 @@ Card parse_card(const std::string& text, const std::string& path) {
     throw Error(ErrorCode::kFormatError, "card " + path + " is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw Error(ErrorCode::kFormatError, "card " + path + " is not an object");
-  if (field<int>(j, "schema", path) != 1) {
+  if (int_field(j, "schema", path) != 1) {
     throw Error(ErrorCode::kFormatError, "card " + path + ": unsupported schema version");
   }
   Card c;
@@ -99,25 +122,38 @@ Card parse_card(const std::string& text, const std::string& path) {
   c.commercial_use = field<bool>(lic, "commercial_use", path);
   c.format = field<std::string>(j, "format", path);
   const auto input = field<json>(j, "input", path);
-  c.input_height = field<int>(input, "height", path);
-  c.input_width = field<int>(input, "width", path);
+  c.input_height = int_field(input, "height", path);
+  c.input_width = int_field(input, "width", path);
   const auto pre = field<json>(j, "preprocess", path);
   c.mean = triple(pre, "mean", path);
   c.std = triple(pre, "std", path);
   c.mean_train = triple(pre, "mean_train", path);
   c.std_train = triple(pre, "std_train", path);
   const auto arch = field<json>(j, "arch", path);
-  c.patch = field<int>(arch, "patch", path);
-  c.embed_dim = field<int>(arch, "embed_dim", path);
-  c.depth = field<int>(arch, "depth", path);
-  c.heads = field<int>(arch, "heads", path);
-  c.mlp = field<int>(arch, "mlp", path);
-  c.head_channels = field<int>(arch, "head_channels", path);
-  c.num_classes = field<int>(arch, "num_classes", path);
+  c.patch = int_field(arch, "patch", path);
+  c.embed_dim = int_field(arch, "embed_dim", path);
+  c.depth = int_field(arch, "depth", path);
+  c.heads = int_field(arch, "heads", path);
+  c.mlp = int_field(arch, "mlp", path);
+  c.head_channels = int_field(arch, "head_channels", path);
+  c.num_classes = int_field(arch, "num_classes", path);
   const auto labels = field<json>(j, "labels", path);
   c.label_set = field<std::string>(labels, "name", path);
   c.classes = field<std::vector<std::string>>(labels, "classes", path);
-  for (const auto& rgb : field<std::vector<std::vector<int>>>(labels, "palette", path)) {
+  const auto palette = field<json>(labels, "palette", path);
+  if (!palette.is_array()) {
+    throw Error(ErrorCode::kFormatError, "card " + path + ": palette must be a list");
+  }
+  for (const auto& entry : palette) {
+    std::vector<int> rgb;
+    if (entry.is_array()) {
+      for (const auto& v : entry) {
+        rgb.push_back(v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
+                              v.get<std::int64_t>() <= 255
+                          ? static_cast<int>(v.get<std::int64_t>())
+                          : -1);
+      }
+    }
     if (rgb.size() != 3 ||
         std::any_of(rgb.begin(), rgb.end(), [](int v) { return v < 0 || v > 255; })) {
       throw Error(ErrorCode::kFormatError, "card " + path + ": palette entries are [r,g,b] 0-255");

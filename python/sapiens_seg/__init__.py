@@ -1,0 +1,143 @@
+"""sapiens_seg: Meta's Sapiens human body-part segmentation on LibTorch, from Python.
+
+The binding of the C++ library ``libsapiens_seg``; most users need only
+:mod:`sapiens_seg.segmentation`::
+
+    from sapiens_seg import segmentation
+
+    model = segmentation.load("sapiens-seg-0.3b-goliath", accept_noncommercial=True)
+    result = model("photo.jpg")
+    print(result.labels.shape, result.backend)
+    # (1024, 768) Backend(mode='portable', device='cpu', dtype='float32')
+
+Also here: the exception classes (:mod:`sapiens_seg.errors`), :func:`list_cards` (the model
+cards), :func:`system_info` and ``__version__``. ``python -m sapiens_seg ARGS`` runs the
+``sapiens-seg`` command line tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# errors first: the native module looks its exception classes up there.
+from .errors import (
+    BackendUnavailableError,
+    CheckpointFormatError,
+    ChecksumError,
+    DownloadError,
+    ErrorCode,
+    InternalError,
+    InvalidInputError,
+    LicenseNotAcceptedError,
+    OfflineError,
+    SapiensIOError,
+    SapiensSegError,
+    WeightsNotFoundError,
+)
+from . import _core
+from . import segmentation
+from .segmentation import Backend, Model, ModelInfo, Result, load, read_image
+
+__version__: str = _core.version()
+
+__all__ = [
+    "__version__",
+    "segmentation",
+    "load",
+    "read_image",
+    "list_cards",
+    "system_info",
+    "Backend",
+    "Card",
+    "Model",
+    "ModelInfo",
+    "Result",
+    "SystemInfo",
+    "ErrorCode",
+    "SapiensSegError",
+    "WeightsNotFoundError",
+    "ChecksumError",
+    "DownloadError",
+    "OfflineError",
+    "LicenseNotAcceptedError",
+    "BackendUnavailableError",
+    "InvalidInputError",
+    "CheckpointFormatError",
+    "SapiensIOError",
+    "InternalError",
+]
+
+
+@dataclass(frozen=True)
+class Card:
+    """A model card (``cards/*.json``): where a checkpoint comes from, its pinned SHA-256, its
+    licence, input size and labels."""
+
+    id: str
+    family: str
+    description: str
+    repo: str
+    revision: str
+    url: str
+    file: str
+    size: int | None
+    sha256: str | None
+    """Full lower-case hex, or None when no hash is pinned."""
+    license: str
+    license_url: str
+    commercial_use: bool
+    format: str
+    input_size: tuple[int, int]
+    num_classes: int
+    classes: tuple[str, ...]
+    palette: tuple[tuple[int, int, int], ...]
+    """RGB per class."""
+    source: str
+    """The card file it was read from."""
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """Versions, CPU threads, CUDA devices and which backends can run on this machine."""
+
+    version: str
+    torch_version: str
+    opencv_version: str
+    openssl_version: str
+    threads: int
+    cuda_available: bool
+    cuda_devices: int
+    kernels_compiled: bool
+    backends: tuple[str, ...]
+    card_dirs: tuple[str, ...]
+
+
+def list_cards() -> list[Card]:
+    """Every model card visible now (bundled, plus the folders in ``SAPIENS_SEG_CARDS``), sorted
+    by id.
+
+    Example::
+
+        for card in sapiens_seg.list_cards():
+            print(card.id, card.license, card.sha256 or "NOT PINNED")
+    """
+    cards = []
+    for d in _core.list_cards():
+        d["input_size"] = (d.pop("input_height"), d.pop("input_width"))
+        d["classes"] = tuple(d["classes"])
+        d["palette"] = tuple(tuple(int(v) for v in rgb) for rgb in d["palette"].tolist())
+        cards.append(Card(**d))
+    return cards
+
+
+def system_info() -> SystemInfo:
+    """What ``sapiens-seg info`` prints, as a :class:`SystemInfo`.
+
+    Example::
+
+        print(sapiens_seg.system_info().backends)
+    """
+    d = _core.system_info()
+    d["backends"] = tuple(d["backends"])
+    d["card_dirs"] = tuple(d["card_dirs"])
+    return SystemInfo(**d)

@@ -1,0 +1,61 @@
+"""Type stub of the native module sapiens_seg._core (pybind11 over libsapiens_seg).
+
+Internal: sapiens_seg.segmentation checks arguments before they get here. Items are
+``(ITEM_FILE, os.fsencode(path))``, ``(ITEM_ENCODED, bytes-like)`` or
+``(ITEM_RGB, HxWx3 uint8 array with packed pixels)``.
+"""
+
+from typing import Any, Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+
+ITEM_FILE: int
+ITEM_ENCODED: int
+ITEM_RGB: int
+
+Item = tuple[int, Union[bytes, bytearray, memoryview, npt.NDArray[np.uint8]]]
+
+def version() -> str: ...
+
+class NativeResult:
+    @property
+    def height(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def labels(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def logits(self) -> Optional[npt.NDArray[np.float32]]: ...
+    @property
+    def image(self) -> Optional[npt.NDArray[np.uint8]]: ...
+    @property
+    def classes(self) -> list[str]: ...
+    @property
+    def palette(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def backend(self) -> tuple[str, str, str]: ...
+    @property
+    def timings(self) -> dict[str, float]: ...
+    def overlay(self, image: Optional[npt.NDArray[np.uint8]], opacity: float) -> npt.NDArray[np.uint8]: ...
+
+class Model:
+    def segment(self, items: list[Item], logits: bool) -> list[NativeResult]: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
+
+def load(
+    name_or_path: bytes,
+    mode: str,
+    device: str,
+    dtype: str,
+    normalization: str,
+    accept_noncommercial: bool,
+    allow_unverified: bool,
+    threads: int,
+    input_height: int,
+    input_width: int,
+) -> Model: ...
+def list_cards() -> list[dict[str, Any]]: ...
+def system_info() -> dict[str, Any]: ...
+def read_image(item: Item) -> npt.NDArray[np.uint8]: ...

@@ -1,0 +1,458 @@
+"""Sapiens body-part segmentation: load a model once, then call it on images.
+
+Example::
+
+    from sapiens_seg import segmentation
+
+    model = segmentation.load("sapiens-seg-0.3b-goliath", accept_noncommercial=True)
+    result = model("photo.jpg")
+    result.labels          # numpy uint8 [H, W]: class index per pixel
+    result.classes[3]      # 'Hair'
+    result.backend         # Backend(mode='portable', device='cpu', dtype='float32')
+    result.overlay()       # numpy uint8 [H, W, 3]: palette colours over the photo
+
+    # Several images (of any sizes) in one network batch:
+    results = model(["a.jpg", pathlib.Path("b.png"), pathlib.Path("c.jpg").read_bytes()])
+
+Accepted images: a path (``str`` or ``os.PathLike``), encoded bytes (JPEG, PNG, ...), a numpy
+``HxWx3`` uint8 RGB array (any strides), a PIL image (converted with ``convert("RGB")``) or a
+torch uint8 ``HWC`` tensor. Files and bytes are decoded as ``cv2.imread`` does in the authors'
+demo: EXIF orientation applied, grey replicated, alpha dropped, 16-bit reduced to 8 bits. Both
+sides of an image must be at least 32 pixels.
+
+Threads: a :class:`Model` is immutable after :func:`load`; calling it from several Python
+threads at once is safe in every mode and device, and the GIL is released while the library
+decodes and segments, so threads do run in parallel. CPU operators use LibTorch's intra-op
+thread pool, whose size (``threads=``) is process-wide.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
+
+import numpy as np
+
+from . import _core
+from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["Backend", "Model", "ModelInfo", "Result", "load", "read_image"]
+
+_MODES = ("auto", "portable", "kernels", "original")
+_DTYPES = ("float32", "float16", "bfloat16")
+_NORMALIZATIONS = ("demo", "training")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class Backend(NamedTuple):
+    """What ran the network: ``Backend(mode='portable', device='cpu', dtype='float32')``."""
+
+    mode: str
+    """``'portable'``, ``'kernels'`` or ``'original'``."""
+    device: str
+    """``'cpu'``, ``'cuda:0'``, ..."""
+    dtype: str
+    """``'float32'``, ``'float16'`` or ``'bfloat16'``."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What :func:`load` loaded (``model.info``)."""
+
+    id: str
+    """Card id, or the file name for a bare checkpoint path."""
+    family: str
+    """``'sapiens-v1'``."""
+    path: str
+    """The checkpoint file that was loaded."""
+    sha256: str
+    """The verified SHA-256 (``''`` when the file was not verified against a card)."""
+    license: str
+    """The card's licence id (``''`` for a bare path)."""
+    input_size: tuple[int, int]
+    """Network input (height, width)."""
+    num_classes: int
+    embed_dim: int
+    depth: int
+    heads: int
+    backend: Backend
+
+
+class Result:
+    """The segmentation of one image.
+
+    Attributes:
+        labels: numpy uint8 ``[H, W]``, the class index of every pixel, at the image's size
+            (after EXIF rotation). A read-only view of the library's own buffer (no copy); use
+            ``labels.copy()`` to modify it.
+        logits: numpy float32 ``[C, H, W]`` when the model was loaded (or called) with
+            ``logits=True``, else ``None``. Read-only, no copy.
+        foreground: numpy bool ``[H, W]``, ``labels > 0`` (what the authors' demo saves as
+            ``<name>.npy``).
+        classes: the class names; ``classes[0]`` is the background.
+        palette: numpy uint8 ``[C, 3]``, the RGB colour of each class.
+        backend: the :class:`Backend` that ran the network.
+        timings: milliseconds per stage: ``decode``, ``preprocess``, ``network``,
+            ``postprocess`` and ``total`` (a batch shares its network time).
+
+    Example::
+
+        r = model("photo.jpg")
+        hair = r.labels == r.classes.index("Hair")
+        cv2.imwrite("overlay.png", r.overlay(opacity=0.6)[:, :, ::-1])   # RGB -> BGR
+    """
+
+    __slots__ = ("_native", "_image", "_labels", "_logits", "_classes", "_palette", "_backend",
+                 "_timings", "_foreground")
+
+    def __init__(self, native: _core.NativeResult, image: np.ndarray | None) -> None:
+        # Not meant to be built by users: Model.__call__ makes them.
+        self._native = native
+        self._image = image  # the caller's array when the input was pixels, else None
+        self._labels: np.ndarray = native.labels
+        self._logits: np.ndarray | None = native.logits
+        self._classes: list[str] = native.classes
+        self._palette: np.ndarray = native.palette
+        self._palette.setflags(write=False)
+        self._backend = Backend(*native.backend)
+        self._timings: dict[str, float] = native.timings
+        self._foreground: np.ndarray | None = None
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        return self._logits
+
+    @property
+    def foreground(self) -> np.ndarray:
+        fg = self._foreground
+        if fg is None:
+            fg = self._labels != 0
+            fg.setflags(write=False)
+            self._foreground = fg
+        return fg
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self._classes)
+
+    @property
+    def palette(self) -> np.ndarray:
+        return self._palette
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return dict(self._timings)
+
+    @property
+    def height(self) -> int:
+        """The image's height in pixels (``labels.shape[0]``)."""
+        return int(self._labels.shape[0])
+
+    @property
+    def width(self) -> int:
+        """The image's width in pixels (``labels.shape[1]``)."""
+        return int(self._labels.shape[1])
+
+    def overlay(self, opacity: float = 0.5) -> np.ndarray:
+        """The palette colours blended over the image, as numpy uint8 ``[H, W, 3]`` RGB.
+
+        ``out = image * (1 - opacity) + colour * opacity``, truncated to 8 bits, as the
+        authors' visualisation does (and as the CLI's ``<name>_overlay.png``). For an input
+        given as pixels (numpy, PIL, torch), the blend uses that array as it is now.
+
+        Example::
+
+            Image.fromarray(model("photo.jpg").overlay(0.5)).save("overlay.png")
+        """
+        if isinstance(opacity, bool) or not isinstance(opacity, numbers.Real):
+            raise TypeError(f"opacity: expected a number in [0, 1], got {type(opacity).__name__}")
+        opacity = float(opacity)
+        if not (0.0 <= opacity <= 1.0) or math.isnan(opacity):
+            raise ValueError(f"opacity: must be in [0, 1], got {opacity}")
+        return self._native.overlay(self._image, opacity)
+
+    def __repr__(self) -> str:
+        return (f"Result({self.width}x{self.height}, {len(self._classes)} classes, "
+                f"logits={'yes' if self._logits is not None else 'no'}, backend={self._backend})")
+
+
+class Model:
+    """A loaded segmentation model; call it on an image or a list of images.
+
+    Made by :func:`load`. Immutable: calling one model from several threads at once is safe (in
+    every mode and on every device), and the GIL is released during decoding and inference.
+
+    Example::
+
+        model = segmentation.load("model.pt2")
+        r = model("photo.jpg")                     # -> Result
+        rs = model([img_array, pil_image])         # -> [Result, Result], one network batch
+        r = model("photo.jpg", logits=True)        # logits for this call only
+    """
+
+    __slots__ = ("_native", "_logits", "_info")
+
+    def __init__(self, native: _core.Model, logits: bool) -> None:
+        # Use segmentation.load() to make one.
+        self._native = native
+        self._logits = logits
+        i = native.info
+        self._info = ModelInfo(
+            id=i["id"], family=i["family"], path=i["path"], sha256=i["sha256"],
+            license=i["license"], input_size=(i["input_height"], i["input_width"]),
+            num_classes=i["num_classes"], embed_dim=i["embed_dim"], depth=i["depth"],
+            heads=i["heads"], backend=Backend(*i["backend"]))
+
+    @property
+    def info(self) -> ModelInfo:
+        """The card id, checkpoint, verified hash, licence, architecture and backend."""
+        return self._info
+
+    @property
+    def backend(self) -> Backend:
+        """The backend every call runs on."""
+        return self._info.backend
+
+    @overload
+    def __call__(self, x: list[Any] | tuple[Any, ...], *,
+                 logits: bool | None = None) -> list[Result]: ...
+
+    @overload
+    def __call__(self, x: Any, *, logits: bool | None = None) -> Result: ...
+
+    def __call__(self, x: Any, *, logits: bool | None = None) -> Result | list[Result]:
+        """Segments one image (returns a :class:`Result`) or a list of images (returns a list,
+        computed in one batched library call).
+
+        ``logits`` overrides the model's ``logits=`` setting for this call.
+
+        Raises :class:`~sapiens_seg.InvalidInputError` (also a ``ValueError``) for an image that
+        cannot be segmented, :class:`~sapiens_seg.WeightsNotFoundError` for a missing file and
+        ``TypeError`` for an unsupported kind of object.
+        """
+        want_logits = self._logits if logits is None else _check_bool(logits, "logits")
+        if isinstance(x, (list, tuple)):
+            items = [_to_item(v, f"x[{i}]") for i, v in enumerate(x)]
+            if not items:
+                return []
+        else:
+            items = [_to_item(x, "x")]
+        natives = self._native.segment([item for item, _ in items], want_logits)
+        results = [Result(n, image) for n, (_, image) in zip(natives, items)]
+        return results if isinstance(x, (list, tuple)) else results[0]
+
+    def __repr__(self) -> str:
+        return f"Model({self._info.id!r}, backend={self._info.backend})"
+
+
+def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any = None,
+         dtype: Any = None, logits: bool = False, *, normalization: str = "demo",
+         accept_noncommercial: bool = False, allow_unverified: bool = False, threads: int = 0,
+         input_size: tuple[int, int] | None = None) -> Model:
+    """Loads a Sapiens segmentation model.
+
+    Args:
+        name_or_path: a model card id (``"sapiens-seg-0.3b-goliath"``, see
+            :func:`sapiens_seg.list_cards`) or the path of a checkpoint (``.pt2``). Weights of a
+            card are looked up in ``SAPIENS_SEG_WEIGHTS_PATH``, the sapiens-seg cache and the
+            Hugging Face cache, and checked against the card's SHA-256.
+        mode: ``"auto"`` (the fastest that runs here), ``"portable"`` (the network on LibTorch
+            operators), ``"kernels"`` (the project's CUDA kernels) or ``"original"`` (the
+            checkpoint's own TorchScript graph). A mode that cannot run raises
+            :class:`~sapiens_seg.BackendUnavailableError`; nothing falls back silently.
+        device: ``None`` (CUDA when present, else the CPU), ``"cpu"``, ``"cuda"``,
+            ``"cuda:N"`` or a ``torch.device``.
+        dtype: ``None`` (float32 on the CPU, float16 on CUDA), ``"float32"``, ``"float16"``,
+            ``"bfloat16"`` or the matching ``torch.dtype``.
+        logits: also return ``Result.logits`` (``[C, H, W]`` float32; large: 28 x 12 MP is
+            1.3 GB).
+        normalization: ``"demo"`` (the authors' Sapiens-Lite demo values, what users compare
+            against) or ``"training"``.
+        accept_noncommercial: accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights
+            (required for them, or ``SAPIENS_SEG_NONCOMMERCIAL=1``).
+        allow_unverified: load weights whose card has no pinned SHA-256.
+        threads: LibTorch intra-op CPU threads, process-wide (0: one per core).
+        input_size: network input (height, width) instead of the checkpoint's.
+
+    Returns:
+        A :class:`Model`; the GIL is released while it loads.
+
+    Raises:
+        ValueError, TypeError: an invalid argument (the message names it).
+        WeightsNotFoundError, ChecksumError, LicenseNotAcceptedError, BackendUnavailableError,
+        CheckpointFormatError, ...: see :mod:`sapiens_seg.errors`.
+
+    Example::
+
+        model = segmentation.load("build/fixtures/tiny_b_torchscript.pt2", mode="portable",
+                                  device="cpu")
+        model("examples/astronaut.jpg").backend
+        # Backend(mode='portable', device='cpu', dtype='float32')
+    """
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if isinstance(name_or_path, bytes):
+        name_or_path = os.fsdecode(name_or_path)
+    if not isinstance(name_or_path, str):
+        raise TypeError("name_or_path: expected a card id or a path (str or os.PathLike), got "
+                        f"{type(name_or_path).__name__}")
+    if not name_or_path:
+        raise ValueError("name_or_path: is empty")
+    mode = _check_choice(mode, "mode", _MODES)
+    device_s = _device_arg(device)
+    dtype_s = _dtype_arg(dtype)
+    logits = _check_bool(logits, "logits")
+    normalization = _check_choice(normalization, "normalization", _NORMALIZATIONS)
+    accept_noncommercial = _check_bool(accept_noncommercial, "accept_noncommercial")
+    allow_unverified = _check_bool(allow_unverified, "allow_unverified")
+    threads = _check_int(threads, "threads", minimum=0)
+    in_h = in_w = 0
+    if input_size is not None:
+        if not isinstance(input_size, (tuple, list)) or len(input_size) != 2:
+            raise TypeError("input_size: expected None or a (height, width) pair")
+        in_h = _check_int(input_size[0], "input_size", minimum=1)
+        in_w = _check_int(input_size[1], "input_size", minimum=1)
+    native = _core.load(os.fsencode(name_or_path), mode, device_s, dtype_s, normalization,
+                        accept_noncommercial, allow_unverified, threads, in_h, in_w)
+    return Model(native, logits)
+
+
+def read_image(x: str | os.PathLike[str] | bytes | bytearray | memoryview) -> np.ndarray:
+    """Decodes an image file or encoded bytes to numpy uint8 ``[H, W, 3]`` RGB exactly as the
+    model does (EXIF orientation, grey, alpha and 16-bit rules, size limits).
+
+    Example::
+
+        rgb = segmentation.read_image("photo.jpg")
+        assert model(rgb).labels.shape == rgb.shape[:2]
+    """
+    item, _ = _to_item(x, "x")
+    if item[0] == _core.ITEM_RGB:
+        raise TypeError("x: expected a path or encoded bytes")
+    return _core.read_image(item)
+
+
+# ---- argument checking --------------------------------------------------------------------
+
+def _check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    allowed = ", ".join(repr(c) for c in choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected one of {allowed}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    return value
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name}: expected True or False, got {type(value).__name__}")
+
+
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name}: must be at least {minimum}, got {value}")
+    if value > 2**31 - 1:
+        raise ValueError(f"{name}: too large ({value})")
+    return value
+
+
+def _device_arg(device: Any) -> str:
+    if device is None:
+        return ""
+    if type(device).__module__ == "torch" and type(device).__name__ == "device":
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError("device: expected None, 'cpu', 'cuda', 'cuda:N' or a torch.device, got "
+                        f"{type(device).__name__}")
+    if not _DEVICE_RE.match(device):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    return device
+
+
+def _dtype_arg(dtype: Any) -> str:
+    if dtype is None:
+        return "default"
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        dtype = str(dtype).removeprefix("torch.")
+    if not isinstance(dtype, str):
+        raise TypeError("dtype: expected None, 'float32', 'float16', 'bfloat16' or a torch.dtype, "
+                        f"got {type(dtype).__name__}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype: expected None, 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+    return dtype
+
+
+# ---- inputs -------------------------------------------------------------------------------
+
+def _rgb_array(a: np.ndarray, where: str) -> np.ndarray:
+    """Checks an HxWx3 uint8 array; copies it only when its pixels are not packed RGB rows."""
+    if a.dtype != np.uint8:
+        raise TypeError(f"{where}: expected a uint8 RGB array, got dtype {a.dtype} "
+                        "(convert with .astype(numpy.uint8) if the values are 0-255)")
+    if a.ndim != 3 or a.shape[2] != 3:
+        raise InvalidInputError(f"{where}: expected an HxWx3 RGB array, got shape {a.shape}")
+    s = a.strides
+    if not (s[2] == 1 and s[1] == 3 and s[0] >= 3 * a.shape[1]):
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def _to_item(x: Any, where: str) -> tuple[tuple[int, Any], np.ndarray | None]:
+    """The native layer's (kind, payload) item for one image, and the pixels to keep for
+    Result.overlay when the input was pixels (files and bytes are decoded natively)."""
+    if isinstance(x, (str, os.PathLike)):
+        path = os.fspath(x)
+        raw = path if isinstance(path, bytes) else os.fsencode(path)
+        if not raw:
+            raise ValueError(f"{where}: the path is empty")
+        return (_core.ITEM_FILE, raw), None
+    if isinstance(x, (bytes, bytearray)):
+        return (_core.ITEM_ENCODED, x), None
+    if isinstance(x, memoryview):
+        if not x.c_contiguous:
+            raise ValueError(f"{where}: the memoryview of encoded bytes must be contiguous")
+        return (_core.ITEM_ENCODED, x.cast("B")), None
+    if isinstance(x, np.ndarray):
+        a = _rgb_array(x, where)
+        return (_core.ITEM_RGB, a), a
+    pil = sys.modules.get("PIL.Image")
+    if pil is not None and isinstance(x, pil.Image):
+        img = x if x.mode == "RGB" else x.convert("RGB")
+        a = _rgb_array(np.asarray(img), where)
+        return (_core.ITEM_RGB, a), a
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.dtype != torch.uint8:
+            raise TypeError(f"{where}: expected a uint8 HWC tensor, got dtype {x.dtype}")
+        if x.dim() != 3 or x.shape[2] != 3:
+            raise InvalidInputError(
+                f"{where}: expected an HxWx3 (HWC) tensor, got shape {tuple(x.shape)}"
+                + (" (for CHW use .permute(1, 2, 0))" if x.dim() == 3 and x.shape[0] == 3 else ""))
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        a = _rgb_array(t.numpy(), where)
+        return (_core.ITEM_RGB, a), a
+    raise TypeError(f"{where}: expected a path, encoded bytes, a numpy HxWx3 uint8 array, a PIL "
+                    f"image or a torch uint8 HWC tensor (or a list of them), got "
+                    f"{type(x).__module__}.{type(x).__qualname__}")

@@ -1,0 +1,472 @@
+// sapiens_seg._core: the pybind11 layer over libsapiens_seg.
+//
+// It stays thin on purpose: argument checking, the accepted input types and the public Result
+// and Backend classes live in sapiens_seg/segmentation.py. This file converts what that module
+// hands it, releases the GIL around every call into the library, lends the library's result
+// buffers to numpy without copying them, and turns sapiens_seg::Error into the exception class of
+// its code (sapiens_seg/errors.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sapiens_seg/sapiens_seg.hpp"
+
+namespace py = pybind11;
+namespace ss = sapiens_seg;
+
+namespace {
+
+// ---- strings ------------------------------------------------------------------------------
+
+// Library strings are UTF-8 except file paths, which are whatever bytes the file system holds.
+// surrogateescape keeps such bytes round-trippable (os.fsencode gives them back).
+py::str to_str(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+// Paths arrive as bytes (os.fsencode in segmentation.py) so that non-UTF-8 names survive.
+std::string path_arg(const py::handle& h, const char* what) {
+  if (!py::isinstance<py::bytes>(h)) {
+    throw py::type_error(std::string(what) + ": expected bytes (os.fsencode of the path)");
+  }
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(h.ptr(), &data, &size) != 0) throw py::error_already_set();
+  return std::string(data, static_cast<std::size_t>(size));
+}
+
+// ---- errors -------------------------------------------------------------------------------
+
+// Raises the Python class registered for the error's code in sapiens_seg.errors, with the
+// library's message unchanged. The module is looked up on every error (errors are rare, and
+// holding Python objects in C++ statics would outlive the interpreter).
+void raise_library_error(const ss::Error& e) {
+  py::object cls;
+  try {
+    cls = py::module_::import("sapiens_seg.errors")
+              .attr("_class_for_code")(static_cast<int>(e.code()));
+  } catch (py::error_already_set&) {
+    PyErr_Clear();
+    cls = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  }
+  py::str message = to_str(e.what());
+  PyErr_SetObject(cls.ptr(), message.ptr());
+}
+
+// ---- numpy views of library memory --------------------------------------------------------
+
+// An array over `data` that does not own it: `owner` (a Python object keeping the memory alive)
+// becomes its base. Read-only: the memory belongs to the result.
+template <typename T>
+py::array borrowed_array(const T* data, std::vector<py::ssize_t> shape, py::handle owner) {
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t step = static_cast<py::ssize_t>(sizeof(T));
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= shape[i];
+  }
+  py::array a(py::dtype::of<T>(), std::move(shape), std::move(strides), data, owner);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
+// An owned image handed to numpy: the Image moves into a capsule that the array keeps as base.
+py::array image_array(ss::Image&& image) {
+  auto* owned = new ss::Image(std::move(image));
+  py::capsule owner(owned, [](void* p) { delete static_cast<ss::Image*>(p); });
+  return borrowed_array<std::uint8_t>(owned->rgb.data(), {owned->height, owned->width, 3}, owner);
+}
+
+// An HxWx3 uint8 array whose rows may be padded (strides[0] >= W * 3) but whose pixels are
+// packed: segmentation.py copies anything else before it gets here.
+ss::ImageView rgb_view(const py::array& a, const std::string& what) {
+  if (a.dtype().kind() != 'u' || a.itemsize() != 1) {
+    throw py::type_error(what + ": expected a uint8 array");
+  }
+  if (a.ndim() != 3 || a.shape(2) != 3) {
+    throw py::value_error(what + ": expected an HxWx3 RGB array");
+  }
+  if (a.strides(2) != 1 || a.strides(1) != 3 || a.strides(0) < 3 * a.shape(1)) {
+    throw py::value_error(what + ": pixels must be packed RGB (use numpy.ascontiguousarray)");
+  }
+  if (a.shape(0) > INT32_MAX || a.shape(1) > INT32_MAX) {
+    throw py::value_error(what + ": image too large");
+  }
+  ss::ImageView v;
+  v.data = static_cast<const std::uint8_t*>(a.data());
+  v.height = static_cast<int>(a.shape(0));
+  v.width = static_cast<int>(a.shape(1));
+  v.stride = static_cast<std::size_t>(a.strides(0));
+  return v;
+}
+
+// ---- results ------------------------------------------------------------------------------
+
+// One segmented image: the library's Result, plus the decoded pixels when the binding decoded a
+// file or encoded bytes itself (Result.overlay needs them).
+struct NativeResult {
+  ss::Result result;
+  std::optional<ss::Image> decoded;
+};
+using NativeResultPtr = std::shared_ptr<NativeResult>;
+
+// What one item of Model.segment's list becomes, prepared while the GIL is held.
+struct Job {
+  enum class Kind { kFile, kEncoded, kRgb } kind = Kind::kRgb;
+  std::string path;
+  std::vector<std::uint8_t> bytes;
+  py::array array;  // kept referenced until the call returns (the view borrows its pixels)
+  ss::ImageView view;
+  std::optional<ss::Image> decoded;
+  double decode_ms = 0;
+};
+
+constexpr int kItemFile = 0, kItemEncoded = 1, kItemRgb = 2;
+
+Job make_job(const py::handle& item, std::size_t index) {
+  const std::string what = "x[" + std::to_string(index) + "]";
+  if (!py::isinstance<py::tuple>(item) || py::len(item) != 2) {
+    throw py::type_error(what + ": expected a (kind, payload) tuple");
+  }
+  const auto t = py::reinterpret_borrow<py::tuple>(item);
+  const int kind = t[0].cast<int>();
+  Job job;
+  if (kind == kItemFile) {
+    job.kind = Job::Kind::kFile;
+    job.path = path_arg(t[1], what.c_str());
+  } else if (kind == kItemEncoded) {
+    job.kind = Job::Kind::kEncoded;
+    const py::buffer buf = py::reinterpret_borrow<py::buffer>(t[1]);
+    const py::buffer_info info = buf.request();
+    if (info.ndim != 1 || info.itemsize != 1 || info.strides[0] != 1) {
+      throw py::value_error(what + ": encoded image bytes must be a contiguous byte buffer");
+    }
+    const auto* p = static_cast<const std::uint8_t*>(info.ptr);
+    job.bytes.assign(p, p + info.size);
+  } else if (kind == kItemRgb) {
+    job.kind = Job::Kind::kRgb;
+    if (!py::isinstance<py::array>(t[1])) throw py::type_error(what + ": expected a numpy array");
+    job.array = py::reinterpret_borrow<py::array>(t[1]);
+    job.view = rgb_view(job.array, what);
+  } else {
+    throw py::value_error(what + ": unknown item kind " + std::to_string(kind));
+  }
+  return job;
+}
+
+py::dict timings_dict(const ss::Timings& t) {
+  py::dict d;
+  d["decode"] = t.decode;
+  d["preprocess"] = t.preprocess;
+  d["network"] = t.network;
+  d["postprocess"] = t.postprocess;
+  d["total"] = t.total;
+  return d;
+}
+
+py::tuple backend_tuple(const ss::Backend& b) {
+  return py::make_tuple(to_str(b.mode), to_str(b.device), to_str(b.dtype));
+}
+
+py::array palette_array(const std::vector<std::array<std::uint8_t, 3>>& palette) {
+  py::array_t<std::uint8_t> a({static_cast<py::ssize_t>(palette.size()), py::ssize_t{3}});
+  auto m = a.mutable_unchecked<2>();
+  for (std::size_t k = 0; k < palette.size(); ++k) {
+    for (std::size_t c = 0; c < 3; ++c) {
+      m(static_cast<py::ssize_t>(k), static_cast<py::ssize_t>(c)) = palette[k][c];
+    }
+  }
+  return a;
+}
+
+py::list str_list(const std::vector<std::string>& v) {
+  py::list l;
+  for (const auto& s : v) l.append(to_str(s));
+  return l;
+}
+
+// ---- model --------------------------------------------------------------------------------
+
+ss::Mode parse_mode(const std::string& s) {
+  if (s == "auto") return ss::Mode::kAuto;
+  if (s == "portable") return ss::Mode::kPortable;
+  if (s == "kernels") return ss::Mode::kKernels;
+  if (s == "original") return ss::Mode::kOriginal;
+  throw py::value_error("mode: expected 'auto', 'portable', 'kernels' or 'original', got '" + s +
+                        "'");
+}
+
+ss::DType parse_dtype(const std::string& s) {
+  if (s == "default") return ss::DType::kDefault;
+  if (s == "float32") return ss::DType::kFloat32;
+  if (s == "float16") return ss::DType::kFloat16;
+  if (s == "bfloat16") return ss::DType::kBFloat16;
+  throw py::value_error("dtype: expected 'float32', 'float16' or 'bfloat16', got '" + s + "'");
+}
+
+ss::Normalization parse_normalization(const std::string& s) {
+  if (s == "demo") return ss::Normalization::kDemo;
+  if (s == "training") return ss::Normalization::kTraining;
+  throw py::value_error("normalization: expected 'demo' or 'training', got '" + s + "'");
+}
+
+ss::Model load(const py::bytes& name, const std::string& mode, const std::string& device,
+               const std::string& dtype, const std::string& normalization,
+               bool accept_noncommercial, bool allow_unverified, int threads, int input_height,
+               int input_width) {
+  ss::LoadOptions opt;
+  opt.mode = parse_mode(mode);
+  opt.device = device;
+  opt.dtype = parse_dtype(dtype);
+  opt.normalization = parse_normalization(normalization);
+  opt.accept_noncommercial = accept_noncommercial;
+  opt.allow_unverified = allow_unverified;
+  opt.threads = threads;
+  opt.input_height = input_height;
+  opt.input_width = input_width;
+  const std::string id = path_arg(name, "name_or_path");
+  py::gil_scoped_release nogil;
+  return ss::load(id, opt);
+}
+
+py::list segment(const ss::Model& model, const py::list& items, bool logits) {
+  std::vector<Job> jobs;
+  jobs.reserve(py::len(items));
+  for (std::size_t i = 0; i < py::len(items); ++i) jobs.push_back(make_job(items[i], i));
+
+  std::vector<ss::Result> results;
+  {
+    py::gil_scoped_release nogil;
+    using Clock = std::chrono::steady_clock;
+    std::vector<ss::Input> inputs;
+    inputs.reserve(jobs.size());
+    // Files and bytes are decoded here (as the library would decode them) so that the pixels
+    // stay available for Result.overlay without a second decode.
+    for (auto& job : jobs) {
+      const auto t0 = Clock::now();
+      if (job.kind == Job::Kind::kFile) {
+        job.decoded = ss::read_image(job.path);
+      } else if (job.kind == Job::Kind::kEncoded) {
+        job.decoded = ss::read_image(job.bytes);
+        std::vector<std::uint8_t>().swap(job.bytes);
+      }
+      job.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      inputs.push_back(ss::Input::rgb(job.decoded ? job.decoded->view() : job.view));
+    }
+    ss::SegmentOptions opt;
+    opt.logits = logits;
+    results = model.segment(inputs, opt);
+  }
+
+  py::list out;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    auto native = std::make_shared<NativeResult>();
+    native->result = std::move(results[i]);
+    if (jobs[i].decoded) {
+      native->result.timings.decode = jobs[i].decode_ms;
+      native->result.timings.total += jobs[i].decode_ms;
+      native->decoded = std::move(jobs[i].decoded);
+    }
+    out.append(py::cast(std::move(native)));
+  }
+  return out;
+}
+
+py::dict model_info(const ss::Model& model) {
+  const ss::ModelInfo& i = model.info();
+  py::dict d;
+  d["id"] = to_str(i.id);
+  d["family"] = to_str(i.family);
+  d["path"] = to_str(i.path);
+  d["sha256"] = to_str(i.sha256);
+  d["license"] = to_str(i.license);
+  d["input_height"] = i.input_height;
+  d["input_width"] = i.input_width;
+  d["num_classes"] = i.num_classes;
+  d["embed_dim"] = i.embed_dim;
+  d["depth"] = i.depth;
+  d["heads"] = i.heads;
+  d["backend"] = backend_tuple(i.backend);
+  return d;
+}
+
+// ---- cards and the system -----------------------------------------------------------------
+
+py::dict card_dict(const ss::Card& c) {
+  py::dict d;
+  d["id"] = to_str(c.id);
+  d["family"] = to_str(c.family);
+  d["description"] = to_str(c.description);
+  d["repo"] = to_str(c.repo);
+  d["revision"] = to_str(c.revision);
+  d["url"] = to_str(c.url);
+  d["file"] = to_str(c.file);
+  d["size"] = c.size ? py::object(py::int_(*c.size)) : py::object(py::none());
+  d["sha256"] = c.sha256 ? py::object(to_str(*c.sha256)) : py::object(py::none());
+  d["license"] = to_str(c.license_id);
+  d["license_url"] = to_str(c.license_url);
+  d["commercial_use"] = c.commercial_use;
+  d["format"] = to_str(c.format);
+  d["input_height"] = c.input_height;
+  d["input_width"] = c.input_width;
+  d["num_classes"] = c.num_classes;
+  d["classes"] = str_list(c.classes);
+  d["palette"] = palette_array(c.palette);
+  d["source"] = to_str(c.source);
+  return d;
+}
+
+py::list list_cards() {
+  std::vector<ss::Card> cards;
+  {
+    py::gil_scoped_release nogil;
+    cards = ss::list_cards();
+  }
+  py::list out;
+  for (const auto& c : cards) out.append(card_dict(c));
+  return out;
+}
+
+py::dict system_info() {
+  ss::SystemInfo s;
+  {
+    py::gil_scoped_release nogil;
+    s = ss::system_info();
+  }
+  py::dict d;
+  d["version"] = to_str(s.version);
+  d["torch_version"] = to_str(s.torch_version);
+  d["opencv_version"] = to_str(s.opencv_version);
+  d["openssl_version"] = to_str(s.openssl_version);
+  d["threads"] = s.threads;
+  d["cuda_available"] = s.cuda_available;
+  d["cuda_devices"] = s.cuda_devices;
+  d["kernels_compiled"] = s.kernels_compiled;
+  d["backends"] = str_list(s.backends);
+  d["card_dirs"] = str_list(s.card_dirs);
+  return d;
+}
+
+py::array read_image(const py::tuple& item) {
+  Job job = make_job(item, 0);
+  if (job.kind == Job::Kind::kRgb) throw py::type_error("read_image: expected a path or bytes");
+  ss::Image image;
+  {
+    py::gil_scoped_release nogil;
+    image = job.kind == Job::Kind::kFile ? ss::read_image(job.path) : ss::read_image(job.bytes);
+  }
+  return image_array(std::move(image));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() =
+      "Native layer of sapiens_seg (pybind11 over libsapiens_seg). Use sapiens_seg.segmentation; "
+      "the functions here take pre-checked arguments.";
+
+  // pybind11 calls translators through void(*)(std::exception_ptr): the copy is its signature.
+  py::register_exception_translator(
+      [](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param)
+        try {
+          if (p) std::rethrow_exception(p);
+        } catch (const ss::Error& e) {
+          raise_library_error(e);
+        }
+      });
+
+  m.def(
+      "version", [] { return std::string(ss::version()); },
+      "The library's version (the C++ sapiens_seg::version()).");
+
+  py::class_<NativeResult, NativeResultPtr>(m, "NativeResult",
+                                            "One image's result as the library returned it.")
+      .def_property_readonly("height", [](const NativeResult& r) { return r.result.height; })
+      .def_property_readonly("width", [](const NativeResult& r) { return r.result.width; })
+      .def_property_readonly(
+          "labels",
+          [](const py::object& self) {
+            const auto& r = self.cast<const NativeResult&>().result;
+            return borrowed_array<std::uint8_t>(r.labels.data(), {r.height, r.width}, self);
+          },
+          "HxW uint8 class indices (a read-only view of the library's buffer).")
+      .def_property_readonly(
+          "logits",
+          [](const py::object& self) -> py::object {
+            const auto& r = self.cast<const NativeResult&>().result;
+            if (r.logits.empty()) return py::none();
+            const auto c = static_cast<py::ssize_t>(r.classes.size());
+            return borrowed_array<float>(r.logits.data(), {c, r.height, r.width}, self);
+          },
+          "[C, H, W] float32 logits, or None when they were not asked for.")
+      .def_property_readonly(
+          "image",
+          [](const py::object& self) -> py::object {
+            const auto& n = self.cast<const NativeResult&>();
+            if (!n.decoded) return py::none();
+            return borrowed_array<std::uint8_t>(n.decoded->rgb.data(),
+                                                {n.decoded->height, n.decoded->width, 3}, self);
+          },
+          "The decoded HxWx3 RGB pixels when the input was a file or bytes, else None.")
+      .def_property_readonly("classes",
+                             [](const NativeResult& r) { return str_list(r.result.classes); })
+      .def_property_readonly("palette",
+                             [](const NativeResult& r) { return palette_array(r.result.palette); })
+      .def_property_readonly("backend",
+                             [](const NativeResult& r) { return backend_tuple(r.result.backend); })
+      .def_property_readonly("timings",
+                             [](const NativeResult& r) { return timings_dict(r.result.timings); })
+      .def(
+          "overlay",
+          [](const NativeResult& n, const py::object& image, float opacity) {
+            py::array pixels;
+            ss::ImageView view;
+            if (image.is_none()) {
+              if (!n.decoded) throw py::value_error("overlay: no image was kept for this result");
+              view = n.decoded->view();
+            } else {
+              if (!py::isinstance<py::array>(image)) {
+                throw py::type_error("overlay: expected a numpy array");
+              }
+              pixels = py::reinterpret_borrow<py::array>(image);
+              view = rgb_view(pixels, "overlay image");
+            }
+            ss::Image out;
+            {
+              py::gil_scoped_release nogil;
+              out = ss::overlay(n.result, view, opacity);
+            }
+            return image_array(std::move(out));
+          },
+          py::arg("image"), py::arg("opacity"),
+          "Palette colours blended over `image` (None: the decoded input) as HxWx3 uint8.");
+
+  py::class_<ss::Model>(m, "Model", "A loaded model (immutable; safe to share between threads).")
+      .def("segment", &segment, py::arg("items"), py::arg("logits"),
+           "Segments a list of (kind, payload) items in one batch; the GIL is released.")
+      .def_property_readonly("info", &model_info);
+
+  m.def("load", &load, py::arg("name_or_path"), py::arg("mode"), py::arg("device"),
+        py::arg("dtype"), py::arg("normalization"), py::arg("accept_noncommercial"),
+        py::arg("allow_unverified"), py::arg("threads"), py::arg("input_height"),
+        py::arg("input_width"), "Loads a model; the GIL is released while it loads.");
+  m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
+  m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
+  m.def("read_image", &read_image, py::arg("item"),
+        "Decodes a (kind, payload) file or bytes item to HxWx3 uint8 RGB as the library does.");
+  m.attr("ITEM_FILE") = kItemFile;
+  m.attr("ITEM_ENCODED") = kItemEncoded;
+  m.attr("ITEM_RGB") = kItemRgb;
+}
