@@ -144,7 +144,7 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   const io::GateOptions gate{opt.accept_noncommercial, opt.allow_unverified};
 
   std::optional<Card> card;
-  std::string path;
+  std::string path, sha256;
   if (looks_like_path(id_or_path)) {
     path = id_or_path;
     // A file that is a known checkpoint (by name) is held to its card: licence and hash.
@@ -152,12 +152,14 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
     if (card) {
       io::check_license(*card, gate);
       if (!fs::exists(path)) throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
-      io::verify_weights(*card, path, gate);
+      sha256 = io::verify_weights(*card, path, gate);
     }
   } else {
     card = find_card(id_or_path);
     io::check_license(*card, gate);
-    path = io::obtain_weights(*card, gate, opt.fetch);
+    const io::Verified v = io::obtain_weights(*card, gate, opt.fetch);
+    path = v.path;
+    sha256 = v.sha256;
   }
   if (card && card->family != "sapiens-v1") {
     throw Error(ErrorCode::kBackendUnavailable,
@@ -254,6 +256,7 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   info.id = card ? card->id : fs::path(path).filename().string();
   info.family = "sapiens-v1";
   info.path = path;
+  info.sha256 = sha256;
   info.license = card ? card->license_id : "";
   info.input_height = impl->input_h;
   info.input_width = impl->input_w;

@@ -252,10 +252,9 @@ std::string verify_weights(const Card& card, const std::string& path, const Gate
   return *actual;
 }
 
-std::string obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
+Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
   if (auto found = find_weights(card)) {
-    verify_weights(card, found->path, gate);
-    return found->path;
+    return {found->path, verify_weights(card, found->path, gate)};
   }
   const std::string url = download_url(card);
   if (offline()) {
@@ -294,7 +293,7 @@ std::string obtain_weights(const Card& card, const GateOptions& gate, const Fetc
         log(Level::kWarn, "unverified weights for '" + card.id + "': sha256 " + r.sha256 +
                               "; add it to the card to pin this file");
       }
-      return req.dest;
+      return {req.dest, r.sha256};
     }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kDownloadFailed) throw;
@@ -302,8 +301,7 @@ std::string obtain_weights(const Card& card, const GateOptions& gate, const Fetc
                 std::string(e.what()) + "\n  to place the file by hand:" + placement_hint(card));
   }
   // Another process finished the download while this one waited for the lock.
-  verify_weights(card, req.dest, gate);
-  return req.dest;
+  return {req.dest, verify_weights(card, req.dest, gate)};
 }
 
 }  // namespace sapiens_seg::io
@@ -332,8 +330,8 @@ std::string fetch(const std::string& id, const FetchOptions& options) {
   const Card card = find_card(id);
   // Fetching is not using: the licence gate applies at load time. The unverified gate does not
   // apply here either: the computed hash is reported so it can be pinned.
-  return io::obtain_weights(card, {.accept_noncommercial = true, .allow_unverified = true},
-                            options);
+  return io::obtain_weights(card, {.accept_noncommercial = true, .allow_unverified = true}, options)
+      .path;
 }
 
 WeightsStatus verify(const std::string& id) {

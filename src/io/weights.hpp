@@ -41,6 +41,9 @@ std::string verify_weights(const Card& card, const std::string& path, const Gate
 void remove_stamp(const std::string& path);
 
 // find_weights, else (unless offline) a download into the cache; then verify_weights.
-std::string obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch);
+struct Verified {
+  std::string path, sha256;
+};
+Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch);
 
 }  // namespace sapiens_seg::io

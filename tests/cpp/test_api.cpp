@@ -255,6 +255,7 @@ TEST(UnitApi, CardsWeightsLicenceAndHashes) {
     ScopedEnv placed("SAPIENS_SEG_WEIGHTS_PATH", test::fixtures_dir());
     const Model m = load("fixture-tiny-b");
     EXPECT_EQ(m.info().id, "fixture-tiny-b");
+    EXPECT_EQ(m.info().sha256, *find_card("fixture-tiny-b").sha256);
     EXPECT_EQ(m.info().heads, 2);
     EXPECT_EQ(m.info().input_height, 1024);
     const Result r = m.segment(Input::file(fixture("images/synth_landscape_480x640.png")));
