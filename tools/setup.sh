@@ -18,6 +18,7 @@ PY_REQS=(
   "numpy==2.3.5"
   "opencv-python-headless==4.10.0.84" # the reference pipeline uses cv2 as the authors' demo does
   "pytest==8.4.2"
+  "jsonschema==4.26.0"         # validates the CLI's --json lines in the tests
   "pybind11==3.1.0"           # the Python binding (python/), found by CMake through this venv
   "scikit-build-core==1.1.2"  # pip install --no-build-isolation . (pyproject.toml)
   "pillow==13.0.0"            # the binding's PIL input test

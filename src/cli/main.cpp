@@ -21,7 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/outputs.hpp"
+#include "cli/segment.hpp"
 #include "io/npy.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
@@ -45,18 +45,13 @@ void print_error(const Error& e) {
                e.what());
 }
 
-struct SegmentArgs {
-  std::vector<std::string> images;
-  std::string out_dir;
-  std::string model = "sapiens-seg-0.3b-goliath";
+struct LoadArgs {
   std::string mode = "auto", device, dtype = "default", normalization = "demo";
-  int batch = 1;
   int threads = 0;
-  float opacity = 0.5f;
   bool accept_nc = false, allow_unverified = false, use_hf_token = false;
 };
 
-LoadOptions load_options(const SegmentArgs& a) {
+LoadOptions load_options(const LoadArgs& a) {
   static const std::map<std::string, Mode> modes = {{"auto", Mode::kAuto},
                                                     {"portable", Mode::kPortable},
                                                     {"kernels", Mode::kKernels},
@@ -76,80 +71,6 @@ LoadOptions load_options(const SegmentArgs& a) {
   o.fetch.use_hf_token = a.use_hf_token;
   o.fetch.cancel = &g_cancel;
   return o;
-}
-
-// Fails early (before loading gigabytes) when the output folder cannot be written.
-void prepare_out_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(ErrorCode::kIo, "cannot create output folder " + dir + ": " + ec.message());
-  const std::string probe = (fs::path(dir) / ".sapiens-seg-write-test").string();
-  io::write_file_atomic(probe, "", 0);
-  fs::remove(probe, ec);
-}
-
-int run_segment(const SegmentArgs& a) {
-  prepare_out_dir(a.out_dir);
-  const Model model = load(a.model, load_options(a));
-  const bool tty = isatty(fileno(stderr)) != 0;
-  nlohmann::json summary = {{"model", model.info().id},
-                            {"checkpoint", model.info().path},
-                            {"version", version()},
-                            {"backend",
-                             {{"mode", model.info().backend.mode},
-                              {"device", model.info().backend.device},
-                              {"dtype", model.info().backend.dtype}}},
-                            {"images", nlohmann::json::array()}};
-  int status = 0;
-  std::set<std::string> stems;
-  const std::size_t n = a.images.size();
-  for (std::size_t start = 0; start < n; start += static_cast<std::size_t>(a.batch)) {
-    const std::size_t end = std::min(n, start + static_cast<std::size_t>(a.batch));
-    std::vector<Image> images;
-    std::vector<std::size_t> index;
-    std::vector<double> decode_ms;
-    for (std::size_t i = start; i < end; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      try {
-        images.push_back(read_image(a.images[i]));
-        index.push_back(i);
-        decode_ms.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count());
-      } catch (const Error& e) {
-        // One bad image does not cost the others their results.
-        print_error(e);
-        summary["images"].push_back({{"input", a.images[i]},
-                                     {"error", std::string(to_string(e.code()))},
-                                     {"message", e.what()}});
-        if (status == 0) status = exit_code(e.code());
-      }
-    }
-    if (images.empty()) continue;
-    std::vector<Input> inputs;
-    inputs.reserve(images.size());
-    for (const auto& img : images) inputs.push_back(Input::rgb(img.view()));
-    std::vector<Result> results = model.segment(inputs);
-    for (std::size_t j = 0; j < results.size(); ++j) {
-      const std::string& path = a.images[index[j]];
-      std::string stem = fs::path(path).stem().string();
-      for (int k = 2; stems.count(stem); ++k)
-        stem = fs::path(path).stem().string() + "_" + std::to_string(k);
-      stems.insert(stem);
-      results[j].timings.decode = decode_ms[j];
-      nlohmann::json entry = cli::write_outputs(results[j], images[j], a.out_dir, stem, a.opacity);
-      entry["input"] = path;
-      std::cout << path << " -> " << (fs::path(a.out_dir) / stem).string() << "_seg.png ("
-                << results[j].width << "x" << results[j].height << ", "
-                << static_cast<int>(results[j].timings.network) << " ms network)\n";
-      summary["images"].push_back(std::move(entry));
-    }
-    if (tty) std::fprintf(stderr, "\r[%zu/%zu] images segmented", end, n);
-  }
-  if (tty) std::fprintf(stderr, "\n");
-  const std::string text = summary.dump(2) + "\n";
-  io::write_file_atomic((fs::path(a.out_dir) / "summary.json").string(), text.data(), text.size());
-  return status;
 }
 
 std::string human_size(std::optional<std::uint64_t> bytes) {
@@ -262,37 +183,61 @@ int main(int argc, char** argv) try {
   app.add_flag("-v,--verbose", verbose, "log loading and backend choices");
   app.add_flag("-q,--quiet", quiet, "log errors only");
 
-  SegmentArgs seg;
-  auto* s =
-      app.add_subcommand("segment", "segment images and write labels, overlays and .npy files");
-  s->add_option("images", seg.images, "image files")->required()->check(CLI::ExistingFile);
+  cli::SegmentArgs seg;
+  LoadArgs la;
+  auto* s = app.add_subcommand(
+      "segment",
+      "segment images, folders, lists (@file, -) and videos; write labels, overlays, "
+      ".npy files and a summary");
+  s->add_option("inputs", seg.inputs, "image or video files, folders, @list.txt, or - for stdin")
+      ->required();
   s->add_option("-o,--output", seg.out_dir, "output folder")->required();
   s->add_option("-m,--model", seg.model, "card id (see `models`) or checkpoint path")
       ->capture_default_str();
-  s->add_option("--mode", seg.mode, "backend")
+  s->add_option("--mode", la.mode, "backend")
       ->check(CLI::IsMember({"auto", "portable", "kernels", "original"}))
       ->capture_default_str();
-  s->add_option("--device", seg.device, "cpu, cuda or cuda:N (default: cuda when present)");
-  s->add_option("--dtype", seg.dtype, "compute precision")
+  s->add_option("--device", la.device, "cpu, cuda or cuda:N (default: cuda when present)");
+  s->add_option("--dtype", la.dtype, "compute precision")
       ->check(CLI::IsMember({"default", "float32", "float16", "bfloat16"}))
       ->capture_default_str();
-  s->add_option("--normalization", seg.normalization,
+  s->add_option("--normalization", la.normalization,
                 "mean/std: the authors' demo or training values")
       ->check(CLI::IsMember({"demo", "training"}))
       ->capture_default_str();
-  s->add_option("--batch", seg.batch, "images per network call")
+  s->add_option("--batch-size,--batch", seg.batch, "images per network call")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  s->add_option("--threads", seg.threads, "CPU threads (0 = one per core)")
+  s->add_option("--workers", seg.workers, "decode threads and writer threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  s->add_option("--threads", la.threads, "CPU threads of the network (0 = one per core)")
       ->check(CLI::NonNegativeNumber);
+  s->add_flag("-r,--recursive", seg.recursive, "search folders recursively");
+  s->add_option("--ext", seg.extensions, "file extensions taken from folders")
+      ->capture_default_str();
+  s->add_option("--save", seg.save, "outputs: labels,overlay,mask,npy,logits,json")
+      ->capture_default_str();
+  s->add_option("--overlay", seg.overlay_style,
+                "blend, or side-by-side (input | overlay, under the input's name, as the "
+                "authors' demo)")
+      ->check(CLI::IsMember({"blend", "side-by-side"}))
+      ->capture_default_str();
   s->add_option("--opacity", seg.opacity, "overlay opacity")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  s->add_flag("--accept-noncommercial", seg.accept_nc,
+  s->add_option("--stride", seg.stride, "videos: segment every Nth frame")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  s->add_flag("--json", seg.json_lines, "print one JSON line per input on stdout");
+  s->add_flag("-q,--quiet", seg.quiet, "no progress bar or per-input lines; errors only");
+  s->add_flag("--skip-existing", seg.skip_existing,
+              "skip inputs whose selected outputs exist (resume a folder run)");
+  s->add_flag("--accept-noncommercial", la.accept_nc,
               "accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights");
-  s->add_flag("--allow-unverified", seg.allow_unverified,
+  s->add_flag("--allow-unverified", la.allow_unverified,
               "load weights whose card has no pinned SHA-256");
-  s->add_flag("--use-hf-token", seg.use_hf_token,
+  s->add_flag("--use-hf-token", la.use_hf_token,
               "send $HF_TOKEN when downloading (also SAPIENS_SEG_USE_HF_TOKEN=1)");
 
   auto* m = app.add_subcommand("models", "list, download, verify and remove model weights");
@@ -323,7 +268,9 @@ int main(int argc, char** argv) try {
   try {
     if (s->parsed()) {
       std::signal(SIGINT, on_sigint);
-      return run_segment(seg);
+      seg.quiet = seg.quiet || quiet;
+      if (seg.quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
+      return cli::run_segment(seg, load_options(la), g_cancel);
     }
     if (m->parsed()) {
       std::signal(SIGINT, on_sigint);

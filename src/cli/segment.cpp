@@ -1,0 +1,425 @@
+#include "segment.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <opencv2/videoio.hpp>
+
+#include "cli/inputs.hpp"
+#include "cli/outputs.hpp"
+#include "cli/queue.hpp"
+#include "io/npy.hpp"
+#include "sapiens_seg/sapiens_seg.hpp"
+
+namespace sapiens_seg::cli {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+int exit_code(ErrorCode c) {
+  return 10 + static_cast<int>(c);
+}
+
+// Fails early (before loading gigabytes) when the output folder cannot be written.
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::kIo, "cannot create output folder " + dir + ": " + ec.message());
+  const std::string probe = (fs::path(dir) / ".sapiens-seg-write-test").string();
+  io::write_file_atomic(probe, "", 0);
+  fs::remove(probe, ec);
+}
+
+// Everything that several threads report to: stdout lines, stderr errors, the progress bar, the
+// summary, the exit status.
+class Reporter {
+ public:
+  Reporter(std::size_t total, const SegmentArgs& args)
+      : total_(total), args_(args), tty_(isatty(fileno(stderr)) != 0 && !args.quiet) {}
+
+  void ok(const std::string& input, nlohmann::json entry) {
+    std::lock_guard<std::mutex> lock(mu_);
+    entry["input"] = input;
+    entry["status"] = "ok";
+    if (args_.json_lines) {
+      std::cout << entry.dump() << "\n" << std::flush;
+    } else if (!args_.quiet) {
+      clear_bar();
+      std::cout << input << " -> " << first_output(entry) << " (" << entry.value("width", 0) << "x"
+                << entry.value("height", 0) << ")\n"
+                << std::flush;
+    }
+    summary_.push_back(std::move(entry));
+    ++done_;
+    draw();
+  }
+
+  void failed(const std::string& input, const Error& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    clear_bar();
+    std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
+                 e.what());
+    nlohmann::json entry = {{"input", input},
+                            {"status", "error"},
+                            {"error", std::string(to_string(e.code()))},
+                            {"message", e.what()}};
+    if (args_.json_lines) std::cout << entry.dump() << "\n" << std::flush;
+    summary_.push_back(std::move(entry));
+    if (status_ == 0) status_ = exit_code(e.code());
+    ++done_;
+    ++failed_;
+    draw();
+  }
+
+  void skipped(const std::string& input) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (args_.json_lines) {
+      std::cout << nlohmann::json{{"input", input}, {"status", "skipped"}}.dump() << "\n";
+    }
+    ++done_;
+    draw();
+  }
+
+  // Progress inside one video, in frames.
+  void frames(const std::string& input, std::int64_t done, std::int64_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!tty_) return;
+    std::fprintf(stderr, "\r%s: frame %lld/%lld ", fs::path(input).filename().c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total));
+    std::fflush(stderr);
+    bar_shown_ = true;
+  }
+
+  void finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bar_shown_) std::fputc('\n', stderr);
+    bar_shown_ = false;
+  }
+
+  int status() const { return status_; }
+  std::size_t failed_count() const { return failed_; }
+  const nlohmann::json& summary() const { return summary_; }
+
+ private:
+  static std::string first_output(const nlohmann::json& e) {
+    if (!e.contains("outputs")) return "(no outputs selected)";
+    for (const char* key : {"labels_png", "overlay", "overlay_video", "frames_dir", "labels_npy",
+                            "mask_npy", "logits_npy"}) {
+      if (e["outputs"].contains(key)) return e["outputs"][key].get<std::string>();
+    }
+    return "(no outputs selected)";
+  }
+  void clear_bar() {
+    if (bar_shown_) std::fprintf(stderr, "\r%*s\r", 78, "");
+  }
+  void draw() {
+    if (!tty_) return;
+    const double secs = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double rate = secs > 0 ? static_cast<double>(done_) / secs : 0;
+    const double eta = rate > 0 ? static_cast<double>(total_ - done_) / rate : 0;
+    const int filled = total_ ? static_cast<int>(24 * done_ / total_) : 24;
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu inputs%s %5.1f/s ETA %d:%02d ",
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(24 - filled), '-').c_str(), done_, total_,
+                 failed_ ? (" (" + std::to_string(failed_) + " failed)").c_str() : "", rate,
+                 static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+    std::fflush(stderr);
+    bar_shown_ = true;
+  }
+
+  std::mutex mu_;
+  std::size_t total_, done_ = 0, failed_ = 0;
+  const SegmentArgs& args_;
+  bool tty_, bar_shown_ = false;
+  int status_ = 0;
+  nlohmann::json summary_ = nlohmann::json::array();
+  Clock::time_point start_ = Clock::now();
+};
+
+struct Job {
+  std::string path;
+  OutputNames names;
+};
+
+struct Decoded {
+  const Job* job = nullptr;
+  std::optional<Image> image;
+  std::optional<Error> error;
+  double decode_ms = 0;
+};
+
+struct Segmented {
+  const Job* job = nullptr;
+  Image image;
+  Result result;
+};
+
+// Images: decode on `workers` threads -> batched inference here -> write on `workers` threads.
+// Queues hold at most two batches per stage.
+void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentArgs& a,
+                const SaveSet& save, OverlayStyle style, Reporter& report,
+                const std::atomic<bool>& cancel) {
+  if (jobs.empty()) return;
+  const auto batch_size = static_cast<std::size_t>(a.batch);
+  BoundedQueue<Decoded> decoded(2 * batch_size);
+  BoundedQueue<Segmented> segmented(2 * batch_size);
+  std::atomic<std::size_t> next{0};
+  std::atomic<int> live_decoders{a.workers};
+
+  std::vector<std::thread> decoders, writers;
+  for (int w = 0; w < a.workers; ++w) {
+    decoders.emplace_back([&] {
+      for (std::size_t i; !cancel && (i = next++) < jobs.size();) {
+        Decoded d;
+        d.job = &jobs[i];
+        const auto t0 = Clock::now();
+        try {
+          d.image = read_image(jobs[i].path);
+        } catch (const Error& e) {
+          d.error = e;
+        }
+        d.decode_ms = ms_since(t0);
+        if (!decoded.push(std::move(d))) break;
+      }
+      if (--live_decoders == 0) decoded.close();
+    });
+  }
+  for (int w = 0; w < a.workers; ++w) {
+    writers.emplace_back([&] {
+      while (auto s = segmented.pop()) {
+        try {
+          report.ok(s->job->path,
+                    write_outputs(s->result, s->image, s->job->names, save, style, a.opacity));
+        } catch (const Error& e) {
+          report.failed(s->job->path, e);
+        }
+      }
+    });
+  }
+
+  const SegmentOptions options{.logits = save.logits};
+  for (;;) {
+    std::vector<Decoded> batch;
+    while (batch.size() < batch_size) {
+      auto d = decoded.pop();
+      if (!d) break;
+      if (d->error) {
+        report.failed(d->job->path, *d->error);  // one bad file never stops the others
+        continue;
+      }
+      batch.push_back(std::move(*d));
+    }
+    if (batch.empty()) break;
+    std::vector<Input> inputs;
+    inputs.reserve(batch.size());
+    for (const auto& d : batch) inputs.push_back(Input::rgb(d.image->view()));
+    try {
+      std::vector<Result> results = model.segment(inputs, options);
+      for (std::size_t j = 0; j < batch.size(); ++j) {
+        results[j].timings.decode = batch[j].decode_ms;
+        segmented.push(Segmented{batch[j].job, std::move(*batch[j].image), std::move(results[j])});
+      }
+    } catch (const Error& e) {
+      for (const auto& d : batch) report.failed(d.job->path, e);
+    }
+    // Ctrl-C: the batch that was running is written; nothing new starts.
+    if (cancel) break;
+  }
+  decoded.close();
+  segmented.close();
+  for (auto& t : decoders) t.join();
+  for (auto& t : writers) t.join();
+}
+
+// Videos: frames in order, batched, written to an overlay video (mp4v in .mp4, the input's fps
+// divided by the stride, the input's frame size) and/or one label PNG per processed frame.
+void run_video(const Model& model, const std::string& path, const std::string& stem,
+               const SegmentArgs& a, const SaveSet& save, OverlayStyle style, Reporter& report,
+               const std::atomic<bool>& cancel) {
+  cv::VideoCapture cap(path);
+  if (!cap.isOpened()) {
+    report.failed(path, Error(ErrorCode::kInvalidInput, "cannot open video " + path));
+    return;
+  }
+  const double fps = cap.get(cv::CAP_PROP_FPS) > 0 ? cap.get(cv::CAP_PROP_FPS) : 25.0;
+  const auto total = static_cast<std::int64_t>(cap.get(cv::CAP_PROP_FRAME_COUNT));
+  const fs::path base = fs::path(a.out_dir) / stem;
+  const std::string video_out = base.string() + "_overlay.mp4";
+  const std::string video_tmp = base.string() + "_overlay.partial.mp4";
+  const fs::path frames_dir = base.string() + "_frames";
+  cv::VideoWriter writer;
+  std::int64_t read = 0, processed = 0;
+  std::vector<Image> batch;
+  std::vector<std::int64_t> batch_index;
+  auto flush = [&] {
+    if (batch.empty()) return;
+    std::vector<Input> inputs;
+    inputs.reserve(batch.size());
+    for (const auto& img : batch) inputs.push_back(Input::rgb(img.view()));
+    const std::vector<Result> results = model.segment(inputs);
+    for (std::size_t j = 0; j < batch.size(); ++j) {
+      if (save.overlay) {
+        int w = 0;
+        std::vector<std::uint8_t> bgr = overlay_bgr(results[j], batch[j], style, a.opacity, &w);
+        const cv::Mat frame(batch[j].height, w, CV_8UC3, bgr.data());
+        if (!writer.isOpened()) {
+          writer.open(video_tmp, cv::VideoWriter::fourcc('m', 'p', '4', 'v'), fps / a.stride,
+                      frame.size());
+          if (!writer.isOpened()) throw Error(ErrorCode::kIo, "cannot write video " + video_tmp);
+        }
+        writer.write(frame);
+      }
+      if (save.labels) {
+        char name[32];
+        std::snprintf(name, sizeof name, "frame_%06lld_seg.png",
+                      static_cast<long long>(batch_index[j]));
+        std::vector<std::uint8_t> png;
+        cv::imencode(".png",
+                     cv::Mat(results[j].height, results[j].width, CV_8U,
+                             const_cast<std::uint8_t*>(results[j].labels.data())),
+                     png);
+        io::write_file_atomic((frames_dir / name).string(), png.data(), png.size());
+      }
+      ++processed;
+    }
+    batch.clear();
+    batch_index.clear();
+    report.frames(path, read, total);
+  };
+  try {
+    if (save.labels) fs::create_directories(frames_dir);
+    cv::Mat frame, rgb;
+    while (!cancel && cap.read(frame)) {
+      if (read++ % a.stride != 0) continue;
+      cv::cvtColor(frame, rgb, cv::COLOR_BGR2RGB);
+      Image img;
+      img.height = rgb.rows;
+      img.width = rgb.cols;
+      img.rgb.assign(rgb.data, rgb.data + rgb.total() * 3);
+      batch.push_back(std::move(img));
+      batch_index.push_back(read - 1);
+      if (batch.size() == static_cast<std::size_t>(a.batch)) flush();
+    }
+    if (!cancel) flush();
+    writer.release();
+    std::error_code ec;
+    if (cancel) {
+      fs::remove(video_tmp, ec);  // no truncated video under the final name
+      return;
+    }
+    nlohmann::json outputs = nlohmann::json::object();
+    if (save.overlay && processed > 0) {
+      fs::rename(video_tmp, video_out, ec);
+      if (ec) throw Error(ErrorCode::kIo, "cannot write " + video_out + ": " + ec.message());
+      outputs["overlay_video"] = video_out;
+    }
+    if (save.labels) outputs["frames_dir"] = frames_dir.string();
+    if (processed == 0)
+      throw Error(ErrorCode::kInvalidInput, "no frame could be read from " + path);
+    report.ok(path, {{"frames", processed},
+                     {"frames_read", read},
+                     {"fps", fps},
+                     {"width", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_WIDTH))},
+                     {"height", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_HEIGHT))},
+                     {"outputs", outputs}});
+  } catch (const Error& e) {
+    writer.release();
+    std::error_code ec;
+    fs::remove(video_tmp, ec);
+    report.failed(path, e);
+  }
+}
+
+}  // namespace
+
+int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
+                const std::atomic<bool>& cancel) {
+  const SaveSet save = parse_save(a.save);
+  const OverlayStyle style =
+      a.overlay_style == "side-by-side" ? OverlayStyle::kSideBySide : OverlayStyle::kBlend;
+  const ExpandedInputs in = expand_inputs(a.inputs, a.recursive, parse_extensions(a.extensions));
+  if (in.items.empty() && in.missing.empty()) {
+    throw Error(ErrorCode::kInvalidInput, "no inputs (folders are searched for the extensions " +
+                                              a.extensions + "; use --recursive for sub-folders)");
+  }
+  prepare_out_dir(a.out_dir);
+  Reporter report(in.items.size() + in.missing.size(), a);
+  for (const auto& m : in.missing)
+    report.failed(m, Error(ErrorCode::kNotFound, "input not found: " + m));
+  if (in.items.empty()) return report.status();
+
+  const Model model = load(a.model, load_options);
+
+  // Output names: the input's stem, made unique within the run.
+  std::set<std::string> stems;
+  std::vector<Job> jobs;
+  std::vector<std::pair<std::string, std::string>> videos;
+  for (const auto& item : in.items) {
+    const fs::path p(item.path);
+    std::string stem = p.stem().string();
+    for (int k = 2; stems.count(stem); ++k) stem = p.stem().string() + "_" + std::to_string(k);
+    stems.insert(stem);
+    if (item.video) {
+      videos.emplace_back(item.path, stem);
+      continue;
+    }
+    Job job{item.path, output_names(a.out_dir, stem, p.filename().string(), style)};
+    if (a.skip_existing && outputs_exist(job.names, save)) {
+      report.skipped(item.path);
+      continue;
+    }
+    jobs.push_back(std::move(job));
+  }
+  run_images(model, jobs, a, save, style, report, cancel);
+  for (const auto& [path, stem] : videos) {
+    if (cancel) break;
+    run_video(model, path, stem, a, save, style, report, cancel);
+  }
+  report.finish();
+
+  if (save.json) {
+    const nlohmann::json summary = {{"model", model.info().id},
+                                    {"checkpoint", model.info().path},
+                                    {"sha256", model.info().sha256},
+                                    {"version", version()},
+                                    {"backend",
+                                     {{"mode", model.info().backend.mode},
+                                      {"device", model.info().backend.device},
+                                      {"dtype", model.info().backend.dtype}}},
+                                    {"cancelled", cancel.load()},
+                                    {"images", report.summary()}};
+    const std::string text = summary.dump(2) + "\n";
+    io::write_file_atomic((fs::path(a.out_dir) / "summary.json").string(), text.data(),
+                          text.size());
+  }
+  if (cancel) {
+    std::fprintf(stderr,
+                 "sapiens-seg: interrupted; finished outputs are complete, run again with "
+                 "--skip-existing to continue\n");
+    return 130;
+  }
+  if (report.failed_count() > 0 && !a.quiet) {
+    std::fprintf(stderr, "sapiens-seg: %zu of %zu inputs failed\n", report.failed_count(),
+                 in.items.size() + in.missing.size());
+  }
+  return report.status();
+}
+
+}  // namespace sapiens_seg::cli

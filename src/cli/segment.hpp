@@ -1,0 +1,34 @@
+// `sapiens-seg segment`: images, folders, lists and videos through a bounded pipeline.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "sapiens_seg/options.hpp"
+
+namespace sapiens_seg::cli {
+
+struct SegmentArgs {
+  std::vector<std::string> inputs;  // files, folders, @lists, "-"
+  std::string out_dir;
+  std::string model = "sapiens-seg-0.3b-goliath";
+  int batch = 1;
+  int workers = 2;  // decode threads and writer threads (each)
+  float opacity = 0.5f;
+  bool recursive = false;
+  std::string extensions = "jpg,jpeg,png,bmp,webp,tif,tiff,mp4,avi,mov,mkv,webm,m4v";
+  std::string save = "labels,overlay,mask,npy,json";
+  std::string overlay_style = "blend";  // or "side-by-side"
+  int stride = 1;                       // videos: every Nth frame
+  bool json_lines = false;              // one JSON line per input on stdout
+  bool quiet = false;
+  bool skip_existing = false;
+};
+
+// Returns the exit status: 0, 130 after Ctrl-C, or 10 + the first error's code when some inputs
+// failed (the others are still written).
+int run_segment(const SegmentArgs& args, const LoadOptions& load_options,
+                const std::atomic<bool>& cancel);
+
+}  // namespace sapiens_seg::cli
