@@ -76,11 +76,15 @@ endif()
 get_filename_component(SAPIENS_SEG_TORCH_LIB_DIR "${TORCH_LIBRARY}" DIRECTORY)
 set(SAPIENS_SEG_RUNTIME_RPATH ${SAPIENS_SEG_TORCH_LIB_DIR} ${SAPIENS_SEG_TORCH_NVIDIA_LIBS})
 
+# The core (the safetensors reader) parses JSON too, so even a core-only build needs the
+# header-only nlohmann/json: point CMake at it with CMAKE_PREFIX_PATH or -Dnlohmann_json_DIR where
+# it is not installed system-wide (the GPU machine carries it).
+find_package(nlohmann_json 3.10 REQUIRED)
+
 if(SAPIENS_SEG_BUILD_IO)
   find_package(OpenCV REQUIRED COMPONENTS core imgproc imgcodecs videoio)
   find_package(Threads REQUIRED)
   find_package(OpenSSL REQUIRED COMPONENTS Crypto)
   find_package(CURL 7.85 REQUIRED)
-  find_package(nlohmann_json 3.10 REQUIRED)
   find_package(CLI11 REQUIRED)
 endif()

@@ -22,6 +22,7 @@ PY_REQS=(
   "pybind11==3.1.0"           # the Python binding (python/), found by CMake through this venv
   "scikit-build-core==1.1.2"  # pip install --no-build-isolation . (pyproject.toml)
   "pillow==13.0.0"            # the binding's PIL input test
+  "safetensors==0.7.0"        # cross-checks of the C++ safetensors reader (safetensors_tests)
 )
 APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config
