@@ -3,10 +3,9 @@ selectable outputs, --json lines (validated against a schema), --skip-existing, 
 
 import json
 import os
-import pty
-import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +13,9 @@ import cv2
 import jsonschema
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ptyrun import run_with_tty_stderr  # noqa: E402
 
 BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
 FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
@@ -188,28 +190,10 @@ def test_video_overlay_and_frames(video, tmp_path):
     assert not list(tmp_path.glob("*partial*"))
 
 
-def _progress_run(args):
-    master, slave = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAPIENS_SEG_", "HF_"))}
-    p = subprocess.Popen([str(CLI), *map(str, args)], stdout=subprocess.PIPE, stderr=slave, env=env)
-    os.close(slave)
-    seen = b""
-    while select.select([master], [], [], 120)[0]:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    p.wait(timeout=120)
-    os.close(master)
-    return p.returncode, seen.decode(errors="replace")
-
-
 def test_progress_bar_on_a_terminal_only(folder, tmp_path):
-    code, text = _progress_run(["segment", folder, "-o", tmp_path / "a", "--model", TINY,
-                                "--batch-size", "4"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAPIENS_SEG_", "HF_"))}
+    code, text = run_with_tty_stderr([CLI, "segment", folder, "-o", tmp_path / "a", "--model", TINY,
+                                      "--batch-size", "4"], env)
     assert code == 0 and "/40 inputs" in text and "ETA" in text and "\r" in text
     r = run("segment", folder, "-o", tmp_path / "b", "--model", TINY)
     assert "ETA" not in r.stderr  # plain lines on a pipe

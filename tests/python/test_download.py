@@ -5,9 +5,7 @@ Never touches the internet: HF_ENDPOINT points at tests/python/hub_server.py on 
 import hashlib
 import json
 import os
-import pty
 import resource
-import select
 import signal
 import subprocess
 import sys
@@ -18,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import HubServer  # noqa: E402
+from ptyrun import run_with_tty_stderr  # noqa: E402
 
 BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
 FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
@@ -271,27 +270,9 @@ def test_hf_token_is_sent_only_when_asked(env, hub):
 
 
 def test_progress_bar_on_a_terminal(env, hub):
-    master, slave = pty.openpty()
-    e = dict(env, HF_ENDPOINT=hub.endpoint("slow"))
-    p = subprocess.Popen([str(CLI), "models", "download", ID], stdout=subprocess.PIPE,
-                         stderr=slave, env=e)
-    os.close(slave)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 60)
-        if not ready:
-            break
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    p.wait(timeout=60)
-    os.close(master)
-    assert p.returncode == 0
-    text = seen.decode(errors="replace")
+    code, text = run_with_tty_stderr([CLI, "models", "download", ID],
+                                     dict(env, HF_ENDPOINT=hub.endpoint("slow")))
+    assert code == 0
     assert "100%" in text and "MB/s" in text and "\r" in text and FILE[:20] in text
     # Not on a pipe: stderr stays free of progress lines.
     cli(env, "models", "rm", ID)
