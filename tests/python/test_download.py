@@ -173,6 +173,7 @@ def test_wrong_bytes_are_refused_and_nothing_is_cached(env, hub, payload):
 
 
 def test_two_processes_one_transfer(env, hub, payload):
+    hub.slow_delay = 0.05  # ~4 s transfer: the second process surely starts while it runs
     a = start(env, "models", "download", ID, mode="slow", hub=hub)
     wait_for_part(env, 1, a)
     b = start(env, "models", "download", ID, mode="slow", hub=hub)
