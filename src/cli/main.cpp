@@ -1,31 +1,24 @@
 // sapiens-seg: the command-line tool. stdout carries results, stderr logs and progress.
 //
-// Exit status: 0 success, 2 usage error, 10 + ErrorCode for library errors (11 not found,
-// 12 checksum mismatch, 13 download failed, 14 offline, 15 licence not accepted, 16 backend
+// Exit status: 0 success, 2 usage error, 130 interrupted, 10 + ErrorCode for library errors (11 not
+// found, 12 checksum mismatch, 13 download failed, 14 offline, 15 licence not accepted, 16 backend
 // unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error).
-#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
-
-#include <chrono>
 #include <cstdio>
-#include <filesystem>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "cli/segment.hpp"
-#include "io/npy.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
-namespace fs = std::filesystem;
 using namespace sapiens_seg;
 
 namespace {
