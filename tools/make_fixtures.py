@@ -129,6 +129,11 @@ FIXTURES: dict[str, FixtureConfig] = {
         FixtureConfig("wide_0.3b", "fixture-wide-0.3b",
                       "random-weight 0.3B-width fixture, 2 blocks (test only)",
                       1024, 2, 16, 4096, 768, 1024, 768, seed=1003),
+        # The full 0.3B shape (24 blocks, ~1.36 GB), for the speed check only: built on demand
+        # with --only full_0.3b, never by the tests.
+        FixtureConfig("full_0.3b", "fixture-full-0.3b",
+                      "random-weight full-size 0.3B-shape fixture, 24 blocks (benchmarks only)",
+                      1024, 24, 16, 4096, 768, 1024, 768, seed=1004),
     )
 }
 DEFAULT_FIXTURES = ("tiny_a", "tiny_b")
@@ -878,7 +883,7 @@ WIDE_REFERENCE_STEMS = ("synth_33x47", "astronaut")
 
 
 def reference_images(name: str, images: list[Path]) -> list[Path]:
-    if name != "wide_0.3b":
+    if name not in ("wide_0.3b", "full_0.3b"):
         return images
     return [p for p in images if p.stem in WIDE_REFERENCE_STEMS]
 
@@ -936,12 +941,16 @@ def build_all(out_dir: Path, wide: bool = False, images: list[Path] | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Sapiens2 fixtures (tools/sapiens2_fixtures.py; imported here, since it imports this module).
+    import sapiens2_fixtures as s2f
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--wide", action="store_true",
                     help="also build the 0.3B-width fixture (slow, ~250 MB)")
-    ap.add_argument("--only", nargs="+", choices=sorted(FIXTURES), default=None,
-                    help="build only these fixtures (e.g. --only wide_0.3b)")
+    ap.add_argument("--only", nargs="+", choices=sorted(FIXTURES) + list(s2f.S2_NAMES),
+                    default=None,
+                    help="build only these fixtures (e.g. --only wide_0.3b s2_tiny)")
     ap.add_argument("--images", nargs="*", type=Path, default=[],
                     help="extra images for the references (examples/ is included by default)")
     args = ap.parse_args(argv)
@@ -951,7 +960,12 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     try:
-        res = build_all(args.out, wide=args.wide, images=args.images, names=args.only)
+        v1 = None if args.only is None else [n for n in args.only if n in FIXTURES]
+        s2 = None if args.only is None else [n for n in args.only if n in s2f.S2_NAMES]
+        res = (build_all(args.out, wide=args.wide, images=args.images, names=v1)
+               if v1 is None or v1 else {"files": [], "refs": {}})
+        if s2 is None or s2:  # the default run builds s2f.S2_DEFAULT (s2_tiny)
+            res["files"] += s2f.build_sapiens2(args.out, s2, args.images)["files"]
     except FixtureError as e:
         print(f"make_fixtures: self-check FAILED: {e}", file=sys.stderr)
         return 1

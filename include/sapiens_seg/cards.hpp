@@ -16,7 +16,7 @@ namespace sapiens_seg {
 
 struct Card {
   std::string id;
-  std::string family;  // "sapiens-v1"
+  std::string family;  // "sapiens-v1" or "sapiens2"
   std::string description;
   std::string repo, revision, url;  // empty when unknown
   std::string file;                 // file name of the checkpoint
@@ -25,11 +25,17 @@ struct Card {
   std::optional<std::string> sha256;  // full lower-case hex; nullopt when no pinned hash exists
   std::string license_id, license_url;
   bool commercial_use = false;
-  std::string format;  // "torchscript"
+  // Use restrictions that bind every user (Sapiens2: section 1.b.vi); shown once per machine.
+  std::string license_notice;
+  std::string format;  // "torchscript" or "safetensors"
   int input_height = 0, input_width = 0;
+  // How the demo resizes to the input size: "linear" (v1) or "area_or_cubic" (Sapiens2:
+  // INTER_AREA when the width shrinks, else INTER_CUBIC).
+  std::string resize = "linear";
   std::array<float, 3> mean{}, std{};              // demo (default) normalisation, RGB
   std::array<float, 3> mean_train{}, std_train{};  // training normalisation, RGB
   int patch = 0, embed_dim = 0, depth = 0, heads = 0, mlp = 0, head_channels = 0, num_classes = 0;
+  int kv_heads = 0;  // Sapiens2: key/value heads of the grouped-query blocks (0: none given)
   std::string label_set;
   std::vector<std::string> classes;
   std::vector<std::array<std::uint8_t, 3>> palette;

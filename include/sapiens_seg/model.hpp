@@ -79,7 +79,7 @@ struct SAPIENS_SEG_API Result {
 
 struct ModelInfo {
   std::string id;       // card id, or the file name for a bare path
-  std::string family;   // "sapiens-v1"
+  std::string family;   // "sapiens-v1" or "sapiens2"
   std::string path;     // the checkpoint that was loaded
   std::string sha256;   // verified hash ("" when the file was not verified)
   std::string license;  // SPDX-like id from the card ("" for a bare path)

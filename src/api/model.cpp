@@ -4,15 +4,20 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <optional>
 
 #include <opencv2/core.hpp>
 
 #include "../core/backends.hpp"
 #include "../core/checkpoint.hpp"
+#include "../core/safetensors.hpp"
 #include "../core/tensor_ops.hpp"
 #include "../core/v1/vit_seg.hpp"
+#include "../core/v2/sapiens2.hpp"
 #include "../io/image.hpp"
 #include "../io/log.hpp"
 #include "../io/weights.hpp"
@@ -93,6 +98,7 @@ struct Model::Impl {
   std::vector<std::array<std::uint8_t, 3>> palette;
   std::array<float, 3> mean{}, std{};
   int input_h = 0, input_w = 0;
+  std::string resize = "linear";  // or "area_or_cubic" (see Card::resize)
   std::unique_ptr<core::Runner> runner;
 };
 
@@ -119,8 +125,6 @@ bool looks_like_path(const std::string& s) {
   return false;
 }
 
-// The 28 Goliath labels are the only v1 label set; a bare checkpoint with 28 classes gets them
-// from any v1 card that has them.
 std::optional<Card> card_for_file(const std::string& path) {
   const std::string name = fs::path(path).filename().string();
   for (auto& c : list_cards()) {
@@ -129,11 +133,131 @@ std::optional<Card> card_for_file(const std::string& path) {
   return std::nullopt;
 }
 
-std::optional<Card> goliath_labels() {
+}  // namespace
+
+namespace {
+
+// A file without a card: a zip archive is a Sapiens v1 TorchScript export; anything else is read
+// as safetensors (Sapiens2), whose reader reports a file that is neither.
+std::string detect_family(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  if (in.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0) return "sapiens-v1";
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".pt2" || ext == ".pt") return "sapiens-v1";  // lets the zip check explain
+  return "sapiens2";
+}
+
+// The label set of a bare checkpoint: the classes of any bundled card of its family and size.
+std::optional<Card> labels_for(const std::string& family, int64_t num_classes) {
+  const std::string set = family == "sapiens2" ? "dome-29" : "goliath-28";
   for (auto& c : list_cards()) {
-    if (c.label_set == "goliath-28") return c;
+    if (c.label_set == set && c.num_classes == num_classes) return c;
   }
   return std::nullopt;
+}
+
+struct Loaded {
+  int64_t num_classes = 0, embed_dim = 0, depth = 0, heads = 0, input_h = 0, input_w = 0;
+};
+
+std::unique_ptr<core::Runner> pick_runner(
+    const LoadOptions& opt, c10::Device device,
+    const std::function<std::unique_ptr<core::Runner>()>& portable,
+    const std::function<std::unique_ptr<core::Runner>()>& original) {
+  switch (opt.mode) {
+    case Mode::kOriginal:
+      return original();
+    case Mode::kKernels:
+      throw Error(ErrorCode::kBackendUnavailable,
+                  "kernels mode unavailable: " + core::kernels_unavailable_reason(device));
+    case Mode::kAuto: {
+      const std::string why = core::kernels_unavailable_reason(device);
+      io::log(io::Level::kInfo,
+              "auto mode: portable (" +
+                  (why.empty() ? std::string("no kernel measurements in card") : why) + ")");
+      return portable();
+    }
+    case Mode::kPortable:
+      break;
+  }
+  return portable();
+}
+
+Loaded load_v1(Model::Impl& impl, const std::string& path, const std::optional<Card>& card,
+               const LoadOptions& opt, c10::Device device, at::ScalarType dtype) {
+  auto ckpt = core::open_torchscript(path);
+  core::v1::ConfigHints hints;
+  if (card) {
+    hints.heads = card->heads;
+    hints.grid_h = card->input_height / card->patch;
+    hints.grid_w = card->input_width / card->patch;
+  }
+  if (ckpt.heads_from_graph) {
+    if (hints.heads && *hints.heads != *ckpt.heads_from_graph) {
+      throw Error(ErrorCode::kFormatError, path + ": the card says " +
+                                               std::to_string(*hints.heads) +
+                                               " attention heads but the traced graph uses " +
+                                               std::to_string(*ckpt.heads_from_graph));
+    }
+    hints.heads = *ckpt.heads_from_graph;
+  }
+  if (opt.input_height > 0) hints.input_h = opt.input_height;
+  if (opt.input_width > 0) hints.input_w = opt.input_width;
+  core::v1::Config cfg;
+  try {
+    cfg = core::v1::infer_config(ckpt.tensors, hints);
+  } catch (const Error& e) {
+    throw Error(e.code(), path + ": " + e.what());
+  }
+  impl.runner = pick_runner(
+      opt, device, [&] { return core::make_portable_v1(ckpt, cfg, device, dtype); },
+      [&] {
+        if (opt.input_height > 0 || opt.input_width > 0) {
+          throw Error(ErrorCode::kBackendUnavailable,
+                      "the original mode runs the traced graph at its own input size only");
+        }
+        return core::make_original_v1(ckpt, cfg, device, dtype);
+      });
+  return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
+}
+
+Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<Card>& card,
+               const LoadOptions& opt, c10::Device device, at::ScalarType dtype) {
+  core::v2::ConfigHints hints;
+  if (card) {
+    hints.input_h = card->input_height;
+    hints.input_w = card->input_width;
+  }
+  if (opt.input_height > 0) hints.input_h = opt.input_height;
+  if (opt.input_width > 0) hints.input_w = opt.input_width;
+  // The file stays mapped while the network holds views of it (CPU float32 weights are used in
+  // place; other devices and dtypes get one converted copy each).
+  const auto file = core::SafetensorsFile::open(path);
+  core::TensorMap tensors;
+  core::v2::Config cfg;
+  try {
+    tensors = core::v2::to_original_names(file.all());
+    cfg = core::v2::infer_config(tensors, hints);
+  } catch (const Error& e) {
+    throw Error(e.code(), path + ": " + e.what());
+  }
+  if (card && card->heads > 0 && card->heads != cfg.heads) {
+    throw Error(ErrorCode::kFormatError, path + ": the card says " + std::to_string(card->heads) +
+                                             " attention heads but the q/k-norm width gives " +
+                                             std::to_string(cfg.heads));
+  }
+  impl.runner = pick_runner(
+      opt, device, [&] { return core::make_portable_v2(tensors, cfg, device, dtype); },
+      []() -> std::unique_ptr<core::Runner> {
+        throw Error(ErrorCode::kBackendUnavailable,
+                    "the original mode does not exist for Sapiens2: the authors release weights "
+                    "(safetensors), not a traced graph, so there is nothing to run as shipped. "
+                    "Use the portable mode (the network re-implemented from the authors' "
+                    "module definition and checked against it).");
+      });
+  return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
 }
 
 }  // namespace
@@ -161,72 +285,26 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
     path = v.path;
     sha256 = v.sha256;
   }
-  if (card && card->family != "sapiens-v1") {
-    throw Error(ErrorCode::kBackendUnavailable,
-                "model family '" + card->family + "' is not supported by this build");
-  }
+  if (!card && !fs::exists(path))
+    throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
+  const std::string family = card ? card->family : detect_family(path);
+  if (card) io::show_license_notice(*card);
 
-  auto ckpt = core::open_torchscript(path);
-  core::v1::ConfigHints hints;
-  if (card) {
-    hints.heads = card->heads;
-    hints.grid_h = card->input_height / card->patch;
-    hints.grid_w = card->input_width / card->patch;
-  }
-  if (ckpt.heads_from_graph) {
-    if (hints.heads && *hints.heads != *ckpt.heads_from_graph) {
-      throw Error(ErrorCode::kFormatError, path + ": the card says " +
-                                               std::to_string(*hints.heads) +
-                                               " attention heads but the traced graph uses " +
-                                               std::to_string(*ckpt.heads_from_graph));
-    }
-    hints.heads = *ckpt.heads_from_graph;
-  }
-  if (opt.input_height > 0) hints.input_h = opt.input_height;
-  if (opt.input_width > 0) hints.input_w = opt.input_width;
-  core::v1::Config cfg;
-  try {
-    cfg = core::v1::infer_config(ckpt.tensors, hints);
-  } catch (const Error& e) {
-    throw Error(e.code(), path + ": " + e.what());
-  }
+  const c10::Device device = core::resolve_device(opt.device);
+  const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
+  auto impl = std::make_shared<Model::Impl>();
+  const Loaded cfg = family == "sapiens2" ? load_v2(*impl, path, card, opt, device, dtype)
+                                          : load_v1(*impl, path, card, opt, device, dtype);
   if (card && cfg.num_classes != card->num_classes) {
     throw Error(ErrorCode::kFormatError,
                 path + ": the network has " + std::to_string(cfg.num_classes) +
                     " classes but its card lists " + std::to_string(card->num_classes));
   }
 
-  const c10::Device device = core::resolve_device(opt.device);
-  const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
-  auto impl = std::make_shared<Model::Impl>();
-  switch (opt.mode) {
-    case Mode::kOriginal:
-      if (opt.input_height > 0 || opt.input_width > 0) {
-        throw Error(ErrorCode::kBackendUnavailable,
-                    "the original mode runs the traced graph at its own input size only");
-      }
-      impl->runner = core::make_original_v1(ckpt, cfg, device, dtype);
-      break;
-    case Mode::kKernels:
-      throw Error(ErrorCode::kBackendUnavailable,
-                  "kernels mode unavailable: " + core::kernels_unavailable_reason(device));
-    case Mode::kAuto: {
-      const std::string why = core::kernels_unavailable_reason(device);
-      io::log(io::Level::kInfo,
-              "auto mode: portable (" +
-                  (why.empty() ? std::string("no kernel measurements in card") : why) + ")");
-      impl->runner = core::make_portable_v1(ckpt, cfg, device, dtype);
-      break;
-    }
-    case Mode::kPortable:
-      impl->runner = core::make_portable_v1(ckpt, cfg, device, dtype);
-      break;
-  }
-
   impl->input_h = static_cast<int>(cfg.input_h);
   impl->input_w = static_cast<int>(cfg.input_w);
-  const std::optional<Card> labels =
-      card ? card : (cfg.num_classes == 28 ? goliath_labels() : std::nullopt);
+  impl->resize = card ? card->resize : (family == "sapiens2" ? "area_or_cubic" : "linear");
+  const std::optional<Card> labels = card ? card : labels_for(family, cfg.num_classes);
   if (labels) {
     impl->classes = labels->classes;
     impl->palette = labels->palette;
@@ -238,23 +316,25 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
           {v, static_cast<std::uint8_t>(255 - v), static_cast<std::uint8_t>((k * 151) % 256)});
     }
   }
-  // Normalisation: the card's values, else the authors' (same for every v1 model).
+  // Normalisation: the card's values, else the authors' for the family. Sapiens2 uses the
+  // ImageNet values in its demo and in training alike.
   const Card* norm = card ? &*card : (labels ? &*labels : nullptr);
+  const std::array<float, 3> mean_train{123.675f, 116.28f, 103.53f};
+  const std::array<float, 3> std_train{58.395f, 57.12f, 57.375f};
   if (norm) {
     impl->mean = opt.normalization == Normalization::kDemo ? norm->mean : norm->mean_train;
     impl->std = opt.normalization == Normalization::kDemo ? norm->std : norm->std_train;
+  } else if (family == "sapiens2" || opt.normalization == Normalization::kTraining) {
+    impl->mean = mean_train;
+    impl->std = std_train;
   } else {
-    impl->mean = opt.normalization == Normalization::kDemo
-                     ? std::array<float, 3>{123.5f, 116.5f, 103.5f}
-                     : std::array<float, 3>{123.675f, 116.28f, 103.53f};
-    impl->std = opt.normalization == Normalization::kDemo
-                    ? std::array<float, 3>{58.5f, 57.0f, 57.5f}
-                    : std::array<float, 3>{58.395f, 57.12f, 57.375f};
+    impl->mean = {123.5f, 116.5f, 103.5f};  // the Sapiens-Lite demo's rounded values
+    impl->std = {58.5f, 57.0f, 57.5f};
   }
 
   ModelInfo& info = impl->info;
   info.id = card ? card->id : fs::path(path).filename().string();
-  info.family = "sapiens-v1";
+  info.family = family;
   info.path = path;
   info.sha256 = sha256;
   info.license = card ? card->license_id : "";
@@ -265,8 +345,8 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   info.depth = static_cast<int>(cfg.depth);
   info.heads = static_cast<int>(cfg.heads);
   info.backend = impl->runner->backend();
-  io::log(io::Level::kInfo, "loaded " + info.id + " (" + info.backend.mode + ", " +
-                                info.backend.device + ", " + info.backend.dtype + ") in " +
+  io::log(io::Level::kInfo, "loaded " + info.id + " (" + info.family + ", " + info.backend.mode +
+                                ", " + info.backend.device + ", " + info.backend.dtype + ") in " +
                                 std::to_string(static_cast<int>(ms_since(t0))) + " ms");
   return Model(std::move(impl));
 }
@@ -291,7 +371,9 @@ std::vector<Result> Model::segment(std::span<const Input> batch,
     const cv::Mat rgb = io::load_input(batch[i], what);
     results[i].timings.decode = ms_since(t0);
     t0 = Clock::now();
-    const cv::Mat resized = io::resize_linear(rgb, m.input_h, m.input_w);
+    const cv::Mat resized = m.resize == "area_or_cubic"
+                                ? io::resize_area_or_cubic(rgb, m.input_h, m.input_w)
+                                : io::resize_linear(rgb, m.input_h, m.input_w);
     inputs.push_back(
         core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step, m.mean, m.std));
     results[i].timings.preprocess = ms_since(t0);

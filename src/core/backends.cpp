@@ -85,6 +85,23 @@ class PortableV1 final : public Runner {
   Backend backend_;
 };
 
+class PortableV2 final : public Runner {
+ public:
+  PortableV2(const TensorMap& tensors, const v2::Config& cfg, c10::Device device,
+             at::ScalarType dtype)
+      : net_(tensors, cfg, device, dtype),
+        backend_{"portable", device_name(device), dtype_name(dtype)} {}
+
+  at::Tensor forward(const at::Tensor& x) const override {
+    return net_.forward(x).to(at::kCPU, at::kFloat).contiguous();
+  }
+  const Backend& backend() const override { return backend_; }
+
+ private:
+  v2::Network net_;
+  Backend backend_;
+};
+
 class OriginalV1 final : public Runner {
  public:
   OriginalV1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg, c10::Device device,
@@ -133,6 +150,11 @@ std::unique_ptr<Runner> make_portable_v1(const TorchScriptCheckpoint& ckpt, cons
 std::unique_ptr<Runner> make_original_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
                                          c10::Device device, at::ScalarType dtype) {
   return std::make_unique<OriginalV1>(ckpt, cfg, device, dtype);
+}
+
+std::unique_ptr<Runner> make_portable_v2(const TensorMap& tensors, const v2::Config& cfg,
+                                         c10::Device device, at::ScalarType dtype) {
+  return std::make_unique<PortableV2>(tensors, cfg, device, dtype);
 }
 
 bool kernels_compiled() {

@@ -120,11 +120,27 @@ Card parse_card(const std::string& text, const std::string& path) {
   c.license_id = field<std::string>(lic, "id", path);
   c.license_url = opt_string(lic, "url");
   c.commercial_use = field<bool>(lic, "commercial_use", path);
+  c.license_notice = opt_string(lic, "notice");
   c.format = field<std::string>(j, "format", path);
+  if (c.family != "sapiens-v1" && c.family != "sapiens2") {
+    throw Error(ErrorCode::kFormatError,
+                "card " + path + ": unknown family '" + c.family + "' (sapiens-v1 or sapiens2)");
+  }
+  if (c.format != (c.family == "sapiens2" ? "safetensors" : "torchscript")) {
+    throw Error(ErrorCode::kFormatError,
+                "card " + path + ": format '" + c.format + "' does not fit family " + c.family);
+  }
   const auto input = field<json>(j, "input", path);
   c.input_height = int_field(input, "height", path);
   c.input_width = int_field(input, "width", path);
   const auto pre = field<json>(j, "preprocess", path);
+  c.resize = opt_string(pre, "resize");
+  if (c.resize.empty()) c.resize = "linear";
+  if (c.resize != "linear" && c.resize != "area_or_cubic") {
+    throw Error(ErrorCode::kFormatError, "card " + path +
+                                             ": preprocess.resize must be 'linear' "
+                                             "or 'area_or_cubic'");
+  }
   c.mean = triple(pre, "mean", path);
   c.std = triple(pre, "std", path);
   c.mean_train = triple(pre, "mean_train", path);
@@ -137,6 +153,7 @@ Card parse_card(const std::string& text, const std::string& path) {
   c.mlp = int_field(arch, "mlp", path);
   c.head_channels = int_field(arch, "head_channels", path);
   c.num_classes = int_field(arch, "num_classes", path);
+  if (arch.contains("kv_heads")) c.kv_heads = int_field(arch, "kv_heads", path);
   const auto labels = field<json>(j, "labels", path);
   c.label_set = field<std::string>(labels, "name", path);
   c.classes = field<std::vector<std::string>>(labels, "classes", path);

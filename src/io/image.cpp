@@ -140,6 +140,13 @@ cv::Mat resize_linear(const cv::Mat& rgb, int height, int width) {
   return out;
 }
 
+cv::Mat resize_area_or_cubic(const cv::Mat& rgb, int height, int width) {
+  cv::Mat out;
+  const int flag = width < rgb.cols ? cv::INTER_AREA : cv::INTER_CUBIC;
+  cv::resize(rgb, out, cv::Size(width, height), 0, 0, flag);
+  return out;
+}
+
 }  // namespace sapiens_seg::io
 
 namespace sapiens_seg {

@@ -30,5 +30,8 @@ void check_size(int height, int width, const std::string& what);
 
 // cv2.resize(..., INTER_LINEAR), as the authors' demo resizes to the network input.
 cv::Mat resize_linear(const cv::Mat& rgb, int height, int width);
+// The Sapiens2 demo's rule: cv2.INTER_AREA when the width shrinks, else cv2.INTER_CUBIC (one flag
+// for both axes, decided by the width alone).
+cv::Mat resize_area_or_cubic(const cv::Mat& rgb, int height, int width);
 
 }  // namespace sapiens_seg::io

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -31,6 +32,22 @@ void check_license(const Card& card, const GateOptions& gate) {
                   (card.license_url.empty() ? std::string() : ", " + card.license_url) +
                   "). Accept the licence with SAPIENS_SEG_NONCOMMERCIAL=1, the CLI flag "
                   "--accept-noncommercial, or LoadOptions::accept_noncommercial = true.");
+}
+
+bool show_license_notice(const Card& card) {
+  if (card.license_notice.empty()) return false;
+  std::string name = card.license_id.empty() ? card.id : card.license_id;
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '.') ch = '_';
+  }
+  const fs::path marker = fs::path(cache_dir()) / "notices" / (name + ".shown");
+  std::error_code ec;
+  if (fs::exists(marker, ec)) return false;
+  log(Level::kWarn, "licence notice for " + card.id + " (shown once): " + card.license_notice);
+  // If the marker cannot be written (read-only home), the notice simply shows again next time.
+  fs::create_directories(marker.parent_path(), ec);
+  std::ofstream(marker) << card.license_id << "\n" << card.license_notice << "\n";
+  return true;
 }
 
 std::string weights_target(const Card& card) {

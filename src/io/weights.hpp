@@ -17,6 +17,10 @@ struct GateOptions {
 // Throws Error(kLicenseNotAccepted) for non-commercial weights without acceptance.
 void check_license(const Card& card, const GateOptions& gate);
 
+// Logs the card's licence notice (use restrictions) once per machine and cache folder: a marker
+// under <cache>/notices/ records that it was shown. Returns whether it was shown now.
+bool show_license_notice(const Card& card);
+
 struct Located {
   std::string path;
   std::string location;  // "weights_path", "cache" or "hf_cache"

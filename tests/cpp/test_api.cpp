@@ -297,3 +297,81 @@ TEST(UnitApi, SystemInfo) {
   EXPECT_GE(s.threads, 1);
   EXPECT_EQ(s.backends.size(), 3u);
 }
+
+// ---- Sapiens2 through the public API ---------------------------------------------------------
+
+// Decode + the demo's resize rule (INTER_AREA when the width shrinks, else INTER_CUBIC) +
+// ImageNet normalisation + network + upsample/argmax, against the reference pipeline in Python.
+// Where the width shrinks (INTER_AREA) the pixels are byte-identical to PyPI cv2 and the contract
+// bar holds end to end. Where it grows, cv2's INTER_CUBIC itself differs by 1 between its SIMD
+// and scalar paths (see UnitImage.Sapiens2ResizeRuleMatchesPythonCv2), and a random-weight tiny
+// network turns that into visible logit changes; there the test bounds label agreement instead
+// (the network alone is held to the bar in sapiens2.parity, from the reference's own pixels).
+TEST(ParityApiSapiens2, FilesEndToEndMatchTheDemoPipeline) {
+  ScopedEnv home(
+      "SAPIENS_SEG_HOME",
+      (fs::temp_directory_path() / ("sapiens_seg_s2_" + std::to_string(getpid()))).string());
+  const Model m = load(fixture("s2_tiny.safetensors"));
+  EXPECT_EQ(m.info().family, "sapiens2");
+  EXPECT_EQ(m.info().num_classes, 29);
+  EXPECT_EQ(m.info().heads, 4);
+  EXPECT_EQ(m.info().input_height, 1024);
+  EXPECT_EQ(m.info().input_width, 768);
+  int n = 0;
+  for (const auto& [stem, path] : reference_images()) {
+    const fs::path ref_dir = fixture("ref/s2_tiny/" + stem);
+    if (!fs::exists(ref_dir / "labels.npy")) continue;
+    const Result r = m.segment(Input::file(path), {.raw_logits = true});
+    ASSERT_EQ(r.classes.size(), 29u);
+    EXPECT_EQ(r.classes[2], "Eyeglass");  // the DOME-29 set, not Goliath-28
+    const Compared c = compare(r, ref_dir);
+    std::printf(
+        "s2_tiny %s (%dx%d): max |logit diff| %.3g, %lld labels differ (%lld not at a "
+        "tie)\n",
+        stem.c_str(), r.width, r.height, c.max_logit_diff, static_cast<long long>(c.differ),
+        static_cast<long long>(c.differ_not_tie));
+    if (r.width > 768) {  // INTER_AREA
+      EXPECT_LE(c.max_logit_diff, 0.002) << stem;
+      EXPECT_EQ(c.differ_not_tie, 0) << stem;
+    } else {  // INTER_CUBIC
+      EXPECT_LE(static_cast<double>(c.differ) / static_cast<double>(r.labels.size()), 0.03) << stem;
+    }
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+  fs::remove_all(std::getenv("SAPIENS_SEG_HOME"));
+}
+
+TEST(UnitApiSapiens2, ModesCardsAndRefusals) {
+  const fs::path tmp = fs::temp_directory_path() / ("sapiens_seg_s2u_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  ScopedEnv home("SAPIENS_SEG_HOME", (tmp / "home").string());
+  ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
+  ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", test::fixtures_dir());
+  ScopedEnv offline("SAPIENS_SEG_OFFLINE", "1");
+
+  expect_error([] { load(fixture("s2_tiny.safetensors"), {.mode = Mode::kOriginal}); },
+               ErrorCode::kBackendUnavailable, {"original mode does not exist for Sapiens2"});
+  expect_error([] { load(fixture("s2_tiny.safetensors"), {.mode = Mode::kKernels}); },
+               ErrorCode::kBackendUnavailable, {"kernels mode unavailable"});
+  expect_error([] { load(fixture("s2_broken_shape.safetensors")); }, ErrorCode::kFormatError,
+               {"s2_broken_shape.safetensors", "backbone.blocks.8.attn.w"});
+  expect_error([] { load(fixture("s2_broken_truncated.safetensors")); }, ErrorCode::kFormatError,
+               {"s2_broken_truncated.safetensors"});
+
+  // By card id: hash verified, licence notice shown once (a marker in the cache folder).
+  const Model m = load("s2-tiny");
+  EXPECT_EQ(m.info().license, "Sapiens2-License");
+  EXPECT_EQ(m.info().sha256, *find_card("s2-tiny").sha256);
+  EXPECT_TRUE(fs::exists(tmp / "home" / "notices" / "Sapiens2-License.shown"));
+  // The Hugging Face naming of the same weights gives the same labels.
+  const Model hf = load(fixture("s2_tiny_hf.safetensors"));
+  const auto img = Input::file(fixture("images/synth_landscape_480x640.png"));
+  EXPECT_EQ(m.segment(img).labels, hf.segment(img).labels);
+  // Another input grid: RoPE tables are rebuilt, labels still come back at the image size.
+  const Model small = load("s2-tiny", {.input_height = 256, .input_width = 192});
+  const Result r = small.segment(img);
+  EXPECT_EQ(r.height, 480);
+  EXPECT_EQ(r.width, 640);
+  fs::remove_all(tmp);
+}

@@ -1,0 +1,474 @@
+#include "sapiens2.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <numbers>
+#include <regex>
+#include <sstream>
+#include <tuple>
+
+#include <c10/core/InferenceMode.h>
+
+#include "sapiens_seg/error.hpp"
+
+namespace sapiens_seg::core::v2 {
+namespace {
+
+constexpr double kRmsNormEps = 1e-6;       // every RMSNorm of the backbone, q/k-norm included
+constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
+constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw Error(ErrorCode::kFormatError, "not a Sapiens2 segmentation checkpoint: " + what);
+}
+
+const at::Tensor& need(const TensorMap& t, const std::string& key) {
+  auto it = t.find(key);
+  if (it == t.end()) refuse("tensor '" + key + "' is missing");
+  return it->second;
+}
+
+std::string block_key(int64_t i, const char* rest) {
+  return "backbone.blocks." + std::to_string(i) + "." + rest;
+}
+
+// RoPE's rotate-half: (a, b) -> (-b, a) over the two halves of the head dim.
+at::Tensor rotate_half(const at::Tensor& t) {
+  const int64_t h = t.size(-1) / 2;
+  return at::cat({t.narrow(-1, h, h).neg(), t.narrow(-1, 0, h)}, -1);
+}
+
+}  // namespace
+
+// ---- key names -------------------------------------------------------------------------------
+
+bool has_hf_names(const TensorMap& tensors) {
+  const std::string tail = "embeddings.patch_embeddings.weight";
+  return std::any_of(tensors.begin(), tensors.end(), [&](const auto& kv) {
+    const std::string& k = kv.first;
+    return k.size() >= tail.size() && k.compare(k.size() - tail.size(), tail.size(), tail) == 0;
+  });
+}
+
+TensorMap to_original_names(const TensorMap& tensors) {
+  if (!has_hf_names(tensors)) return tensors;
+  // The backbone's prefix differs between transformers versions ("model.", "sapiens2.", none);
+  // the patch embedding tells which one this file uses.
+  std::string base;
+  for (const auto& [k, v] : tensors) {
+    const auto pos = k.find("embeddings.patch_embeddings.weight");
+    if (pos != std::string::npos) base = k.substr(0, pos);
+  }
+  static const std::regex layer_re(R"(^(?:(?:model|encoder)\.)?layers?\.(\d+)\.(.+)$)");
+  static const std::regex head_re(
+      R"(^decode_head\.(upsample_layers|conv_layers)\.(\d+)\.convolution\.(weight|bias)$)");
+  static const std::map<std::string, std::string> in_block = {
+      {"norm1.weight", "ln1.weight"},
+      {"attention.q_proj.weight", "attn.wq.weight"},
+      {"attention.q_proj.bias", "attn.wq.bias"},
+      {"attention.k_proj.weight", "attn.wk.weight"},
+      {"attention.k_proj.bias", "attn.wk.bias"},
+      {"attention.v_proj.weight", "attn.wv.weight"},
+      {"attention.v_proj.bias", "attn.wv.bias"},
+      {"attention.o_proj.weight", "attn.proj.weight"},
+      {"attention.o_proj.bias", "attn.proj.bias"},
+      {"attention.q_norm.weight", "attn.q_norm.weight"},
+      {"attention.k_norm.weight", "attn.k_norm.weight"},
+      {"layer_scale1.lambda1", "attn.gamma.weight"},
+      {"norm2.weight", "ln2.weight"},
+      {"mlp.down_proj.weight", "ffn.w3.weight"},
+      {"mlp.down_proj.bias", "ffn.w3.bias"},
+  };
+  static const std::map<std::string, std::string> top = {
+      {"embeddings.cls_token", "backbone.cls_token"},
+      {"embeddings.register_tokens", "backbone.storage_tokens"},
+      {"embeddings.patch_embeddings.weight", "backbone.patch_embed.projection.weight"},
+      {"embeddings.patch_embeddings.bias", "backbone.patch_embed.projection.bias"},
+      {"rope_embeddings.periods", "backbone.rope_embed.periods"},
+      {"norm.weight", "backbone.ln1.weight"},
+  };
+
+  TensorMap out;
+  std::map<std::string, at::Tensor> gate, up;  // block prefix + "weight"/"bias" -> half of w12
+  for (const auto& [key, value] : tensors) {
+    if (key.rfind("decode_head.", 0) == 0) {
+      std::smatch m;
+      if (key == "decode_head.predictor.weight") {
+        out.emplace("decode_head.conv_seg.weight", value);
+      } else if (key == "decode_head.predictor.bias") {
+        out.emplace("decode_head.conv_seg.bias", value);
+      } else if (std::regex_match(key, m, head_re)) {
+        const int64_t idx = 3 * std::stoll(m[2].str());  // (conv, norm, act) per stage
+        const std::string seq = m[1] == "upsample_layers" ? "deconv_layers" : "conv_layers";
+        out.emplace("decode_head." + seq + "." + std::to_string(idx) + "." + m[3].str(), value);
+      } else {
+        out.emplace(key, value);  // reported as unexpected by infer_config
+      }
+      continue;
+    }
+    if (key.rfind(base, 0) != 0) {
+      out.emplace(key, value);
+      continue;
+    }
+    const std::string rest = key.substr(base.size());
+    if (rest == "embeddings.mask_token") continue;  // pre-training only
+    if (auto it = top.find(rest); it != top.end()) {
+      out.emplace(it->second, value);
+      continue;
+    }
+    std::smatch m;
+    if (std::regex_match(rest, m, layer_re)) {
+      const std::string blk = "backbone.blocks." + m[1].str() + ".";
+      const std::string leaf = m[2].str();
+      if (auto it = in_block.find(leaf); it != in_block.end()) {
+        out.emplace(blk + it->second, value);
+        continue;
+      }
+      if (leaf == "mlp.gate_proj.weight" || leaf == "mlp.gate_proj.bias") {
+        gate[blk + leaf.substr(leaf.rfind('.') + 1)] = value;
+        continue;
+      }
+      if (leaf == "mlp.up_proj.weight" || leaf == "mlp.up_proj.bias") {
+        up[blk + leaf.substr(leaf.rfind('.') + 1)] = value;
+        continue;
+      }
+    }
+    out.emplace(key, value);
+  }
+  for (const auto& [k, g] : gate) {
+    auto u = up.find(k);
+    const std::string what = k.substr(k.rfind('.') + 1);  // weight or bias
+    const std::string blk = k.substr(0, k.rfind('.') + 1);
+    if (u == up.end() || g.sizes() != u->second.sizes() ||
+        g.scalar_type() != u->second.scalar_type()) {
+      refuse("the gate and up projections of " + blk + " do not pair up (" + what + ")");
+    }
+    out.emplace(blk + "ffn.w12." + what, at::cat({g, u->second}, 0));
+    up.erase(u);
+  }
+  for (const auto& [k, u] : up) {
+    refuse("up projection without a gate projection: " + k);
+  }
+  return out;
+}
+
+// ---- configuration ---------------------------------------------------------------------------
+
+Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
+  Config c;
+  const auto& cls = need(tensors, "backbone.cls_token");
+  const auto& reg = need(tensors, "backbone.storage_tokens");
+  const auto& pw = need(tensors, "backbone.patch_embed.projection.weight");
+  if (cls.dim() != 3 || reg.dim() != 3 || pw.dim() != 4) {
+    refuse("unexpected rank of cls_token, storage_tokens or the patch projection");
+  }
+  c.embed_dim = cls.size(2);
+  c.registers = reg.size(1);
+  c.patch = pw.size(2);
+  const std::string prefix = "backbone.blocks.";
+  for (const auto& [key, value] : tensors) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    const auto dot = key.find('.', prefix.size());
+    const std::string num = key.substr(prefix.size(), dot - prefix.size());
+    if (num.empty() || num.size() > 4 || !std::all_of(num.begin(), num.end(), ::isdigit)) {
+      refuse("unexpected tensor name '" + key + "'");
+    }
+    c.depth = std::max<int64_t>(c.depth, std::stoll(num) + 1);
+  }
+  if (c.depth == 0) refuse("no transformer blocks (backbone.blocks.*)");
+  const auto& qn = need(tensors, block_key(0, "attn.q_norm.weight"));
+  const auto& w12 = need(tensors, block_key(0, "ffn.w12.weight"));
+  if (qn.dim() != 1 || w12.dim() != 2) refuse("unexpected rank of q_norm or w12 in block 0");
+  c.head_dim = qn.size(0);
+  if (c.head_dim <= 0 || c.head_dim % 4 != 0 || c.embed_dim % c.head_dim != 0) {
+    refuse("head dim " + std::to_string(c.head_dim) + " (from q_norm) must divide the embed dim " +
+           std::to_string(c.embed_dim) + " and be a multiple of 4 (2D RoPE)");
+  }
+  c.heads = c.embed_dim / c.head_dim;
+  c.mlp = w12.size(0) / 2;
+  for (int64_t i = 0; i < c.depth; ++i) {
+    auto it = tensors.find(block_key(i, "attn.wk.weight"));
+    int64_t kv = c.heads;
+    if (it != tensors.end() && it->second.dim() == 2 && it->second.size(0) % c.head_dim == 0) {
+      kv = it->second.size(0) / c.head_dim;
+    }
+    if (kv <= 0 || c.heads % kv != 0) {
+      refuse("block " + std::to_string(i) + " has " + std::to_string(kv) +
+             " key/value heads, which does not divide " + std::to_string(c.heads) + " query heads");
+    }
+    c.kv_heads.push_back(kv);
+  }
+  for (int s = 0;; ++s) {
+    auto it = tensors.find("decode_head.deconv_layers." + std::to_string(3 * s) + ".weight");
+    if (it == tensors.end()) break;
+    if (it->second.dim() != 4) refuse("deconvolution weights must be 4-D");
+    c.deconv_channels.push_back(it->second.size(1));
+  }
+  for (int s = 0;; ++s) {
+    auto it = tensors.find("decode_head.conv_layers." + std::to_string(3 * s) + ".weight");
+    if (it == tensors.end()) break;
+    if (it->second.dim() != 4) refuse("conv weights must be 4-D");
+    c.conv_channels.push_back(it->second.size(0));
+  }
+  if (c.deconv_channels.empty()) refuse("the head has no deconvolution stages");
+  c.num_classes = need(tensors, "decode_head.conv_seg.weight").size(0);
+  c.periods_in_file = tensors.count("backbone.rope_embed.periods") != 0;
+
+  c.input_h = hints.input_h.value_or(1024);
+  c.input_w = hints.input_w.value_or(768);
+  if (c.input_h % c.patch != 0 || c.input_w % c.patch != 0 || c.input_h < c.patch ||
+      c.input_w < c.patch) {
+    throw Error(ErrorCode::kInvalidInput, "network input size " + std::to_string(c.input_h) + "x" +
+                                              std::to_string(c.input_w) +
+                                              " must be a positive multiple of the patch size " +
+                                              std::to_string(c.patch));
+  }
+
+  // The complete expected layout, then one report of everything that differs.
+  const int64_t C = c.embed_dim, F = c.mlp, hd = c.head_dim;
+  std::map<std::string, std::vector<int64_t>> want = {
+      {"backbone.cls_token", {1, 1, C}},
+      {"backbone.storage_tokens", {1, c.registers, C}},
+      {"backbone.patch_embed.projection.weight", {C, 3, c.patch, c.patch}},
+      {"backbone.patch_embed.projection.bias", {C}},
+      {"backbone.ln1.weight", {C}},
+  };
+  if (c.periods_in_file) want["backbone.rope_embed.periods"] = {hd / 4};
+  int64_t in = C;
+  for (size_t s = 0; s < c.deconv_channels.size(); ++s) {
+    want["decode_head.deconv_layers." + std::to_string(3 * s) + ".weight"] = {
+        in, c.deconv_channels[s], 4, 4};
+    in = c.deconv_channels[s];
+  }
+  for (size_t s = 0; s < c.conv_channels.size(); ++s) {
+    const std::string p = "decode_head.conv_layers." + std::to_string(3 * s);
+    want[p + ".weight"] = {c.conv_channels[s], in, 1, 1};
+    want[p + ".bias"] = {c.conv_channels[s]};
+    in = c.conv_channels[s];
+  }
+  want["decode_head.conv_seg.weight"] = {c.num_classes, in, 1, 1};
+  want["decode_head.conv_seg.bias"] = {c.num_classes};
+  for (int64_t i = 0; i < c.depth; ++i) {
+    const int64_t kvd = c.kv_heads[static_cast<size_t>(i)] * hd;
+    want[block_key(i, "ln1.weight")] = {C};
+    want[block_key(i, "attn.wq.weight")] = {C, C};
+    want[block_key(i, "attn.wq.bias")] = {C};
+    want[block_key(i, "attn.wk.weight")] = {kvd, C};
+    want[block_key(i, "attn.wk.bias")] = {kvd};
+    want[block_key(i, "attn.wv.weight")] = {kvd, C};
+    want[block_key(i, "attn.wv.bias")] = {kvd};
+    want[block_key(i, "attn.q_norm.weight")] = {hd};
+    want[block_key(i, "attn.k_norm.weight")] = {hd};
+    want[block_key(i, "attn.proj.weight")] = {C, C};
+    want[block_key(i, "attn.proj.bias")] = {C};
+    want[block_key(i, "attn.gamma.weight")] = {C};
+    want[block_key(i, "ln2.weight")] = {C};
+    want[block_key(i, "ffn.w12.weight")] = {2 * F, C};
+    want[block_key(i, "ffn.w12.bias")] = {2 * F};
+    want[block_key(i, "ffn.w3.weight")] = {C, F};
+    want[block_key(i, "ffn.w3.bias")] = {C};
+  }
+  std::vector<std::string> missing, unexpected, bad_shape, bad_dtype;
+  for (const auto& [key, shape] : want) {
+    auto it = tensors.find(key);
+    if (it == tensors.end()) {
+      missing.push_back(key);
+    } else if (it->second.sizes() != at::IntArrayRef(shape)) {
+      bad_shape.push_back(key + " " + shape_str(it->second.sizes()) + " (expected " +
+                          shape_str(shape) + ")");
+    } else if (!(it->second.scalar_type() == at::kFloat || it->second.scalar_type() == at::kHalf ||
+                 it->second.scalar_type() == at::kBFloat16)) {
+      bad_dtype.push_back(key + " " + std::string(c10::toString(it->second.scalar_type())) +
+                          " (expected float32, float16 or bfloat16)");
+    }
+  }
+  for (const auto& [key, value] : tensors) {
+    if (!want.count(key)) unexpected.push_back(key);
+  }
+  if (!missing.empty() || !unexpected.empty() || !bad_shape.empty() || !bad_dtype.empty()) {
+    std::ostringstream os;
+    os << "the tensors do not match the layout derived from the checkpoint (embed " << C
+       << ", depth " << c.depth << ", heads " << c.heads << ", head dim " << hd << ", mlp " << F
+       << ", classes " << c.num_classes << ")";
+    auto list = [&os](const char* what, const std::vector<std::string>& v) {
+      if (v.empty()) return;
+      os << "\n  " << what << " (" << v.size() << "):";
+      for (const auto& s : v) os << "\n    " << s;
+    };
+    list("missing tensors", missing);
+    list("unexpected tensors", unexpected);
+    list("wrong shape", bad_shape);
+    list("wrong dtype", bad_dtype);
+    refuse(os.str());
+  }
+  return c;
+}
+
+// ---- RoPE ------------------------------------------------------------------------------------
+
+at::Tensor rope_periods(const TensorMap& tensors, const Config& c) {
+  c10::InferenceMode guard;
+  if (auto it = tensors.find("backbone.rope_embed.periods"); it != tensors.end()) {
+    // The module's buffer is bf16: loading an F32 copy into it rounds exactly like this.
+    return it->second.to(at::kBFloat16).contiguous();
+  }
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16);
+  at::Tensor e = at::arange(c.head_dim / 4, bf).mul(2).div(c.head_dim / 2);
+  return at::pow(c10::Scalar(kRopeBase), e);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& periods, int64_t grid_h,
+                                              int64_t grid_w) {
+  c10::InferenceMode guard;
+  // Every step rounds to bf16, in this order, as the module computes it in eager mode.
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(periods.device());
+  at::Tensor ch = at::arange(0.5, static_cast<double>(grid_h), bf).div(grid_h);
+  at::Tensor cw = at::arange(0.5, static_cast<double>(grid_w), bf).div(grid_w);
+  auto mesh = at::meshgrid({ch, cw}, "ij");
+  at::Tensor coords = at::stack({mesh[0], mesh[1]}, -1).flatten(0, 1);  // [P, 2] as (y, x)
+  coords = coords.mul(2.0).sub(1.0);
+  at::Tensor angles = coords.unsqueeze(-1)
+                          .mul(2.0 * std::numbers::pi)
+                          .div(periods.to(at::kBFloat16).view({1, 1, -1}));
+  angles = angles.flatten(1, 2).tile({2});  // [y_0.., x_0.., y_0.., x_0..]
+  return {angles.cos(), angles.sin()};
+}
+
+// ---- trace -----------------------------------------------------------------------------------
+
+bool Trace::wants(const std::string& name) const {
+  return wanted.empty() || std::find(wanted.begin(), wanted.end(), name) != wanted.end();
+}
+
+void Trace::put(const std::string& name, const at::Tensor& t) {
+  if (wants(name)) tensors[name] = t.to(at::kCPU, at::kFloat).contiguous();
+}
+
+// ---- network ---------------------------------------------------------------------------------
+
+Network::Network(const TensorMap& t, Config config, at::Device device, at::ScalarType dtype)
+    : config_(std::move(config)), dtype_(dtype), device_(device) {
+  c10::InferenceMode guard;
+  auto get = [&](const std::string& key) {
+    return t.at(key).to(device, dtype, /*non_blocking=*/false, /*copy=*/false).contiguous();
+  };
+  const auto& c = config_;
+  patch_w_ = get("backbone.patch_embed.projection.weight");
+  patch_b_ = get("backbone.patch_embed.projection.bias");
+  prefix_ = at::cat({get("backbone.cls_token"), get("backbone.storage_tokens")}, 1);
+
+  const at::Tensor periods = rope_periods(t, c).to(device);
+  std::tie(rope_cos_, rope_sin_) = rope_tables(periods, c.input_h / c.patch, c.input_w / c.patch);
+
+  blocks_.reserve(static_cast<size_t>(c.depth));
+  for (int64_t i = 0; i < c.depth; ++i) {
+    auto b = [&](const char* rest) { return get(block_key(i, rest)); };
+    Block blk{b("ln1.weight"),       b("attn.wq.weight"),     b("attn.wq.bias"),
+              b("attn.wk.weight"),   b("attn.wk.bias"),       b("attn.wv.weight"),
+              b("attn.wv.bias"),     b("attn.q_norm.weight"), b("attn.k_norm.weight"),
+              b("attn.proj.weight"), b("attn.proj.bias"),     b("attn.gamma.weight"),
+              b("ln2.weight"),       b("ffn.w12.weight"),     b("ffn.w12.bias"),
+              b("ffn.w3.weight"),    b("ffn.w3.bias"),        c.kv_heads[static_cast<size_t>(i)]};
+    blocks_.push_back(std::move(blk));
+  }
+  ln_w_ = get("backbone.ln1.weight");
+  for (size_t s = 0; s < c.deconv_channels.size(); ++s) {
+    deconv_w_.push_back(get("decode_head.deconv_layers." + std::to_string(3 * s) + ".weight"));
+  }
+  for (size_t s = 0; s < c.conv_channels.size(); ++s) {
+    const std::string p = "decode_head.conv_layers." + std::to_string(3 * s);
+    conv_w_.push_back(get(p + ".weight"));
+    conv_b_.push_back(get(p + ".bias"));
+  }
+  seg_w_ = get("decode_head.conv_seg.weight");
+  seg_b_ = get("decode_head.conv_seg.bias");
+}
+
+at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
+  c10::InferenceMode guard;
+  const auto& c = config_;
+  if (input.dim() != 4 || input.size(1) != 3 || input.size(2) != c.input_h ||
+      input.size(3) != c.input_w) {
+    throw Error(ErrorCode::kInvalidInput,
+                "network input must be [B,3," + std::to_string(c.input_h) + "," +
+                    std::to_string(c.input_w) + "], got " + shape_str(input.sizes()));
+  }
+  const int64_t B = input.size(0), C = c.embed_dim, hd = c.head_dim, H = c.heads;
+  const int64_t gh = c.input_h / c.patch, gw = c.input_w / c.patch, P = gh * gw;
+  const int64_t pre = c.prefix_tokens(), N = pre + P;
+  if (trace) {
+    trace->put("rope_cos", rope_cos_);
+    trace->put("rope_sin", rope_sin_);
+  }
+
+  at::Tensor x = at::conv2d(input.to(device_, dtype_), patch_w_, patch_b_, {c.patch, c.patch});
+  x = at::cat({prefix_.expand({B, pre, C}), x.flatten(2).transpose(1, 2)}, 1);  // [B, N, C]
+  if (trace) trace->put("tokens", x);
+
+  // RoPE in bf16 on every token's q/k (the prefix tokens are only rounded, not rotated), as the
+  // authors' module does even in an fp32 model.
+  auto rope = [&](const at::Tensor& t) {
+    at::Tensor b = t.to(at::kBFloat16);
+    at::Tensor p = b.narrow(2, pre, P);
+    p = p.mul(rope_cos_).add(rotate_half(p).mul(rope_sin_));
+    return at::cat({b.narrow(2, 0, pre), p}, 2).to(t.scalar_type());
+  };
+
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const Block& b = blocks_[i];
+    const int64_t kv = b.kv_heads;
+    at::Tensor h = at::rms_norm(x, {C}, b.ln1_w, kRmsNormEps);
+    at::Tensor q = at::linear(h, b.wq_w, b.wq_b).view({B, N, H, hd}).transpose(1, 2);
+    at::Tensor k = at::linear(h, b.wk_w, b.wk_b).view({B, N, kv, hd}).transpose(1, 2);
+    at::Tensor v = at::linear(h, b.wv_w, b.wv_b).view({B, N, kv, hd}).transpose(1, 2);
+    q = rope(at::rms_norm(q, {hd}, b.q_norm_w, kRmsNormEps));
+    k = rope(at::rms_norm(k, {hd}, b.k_norm_w, kRmsNormEps));
+    if (kv != H) {  // kv head j serves query heads j*f .. j*f+f-1
+      k = k.repeat_interleave(H / kv, 1);
+      v = v.repeat_interleave(H / kv, 1);
+    }
+    at::Tensor o = at::scaled_dot_product_attention(q, k, v);
+    o = o.transpose(1, 2).reshape({B, N, C});
+    x = x + at::linear(o, b.proj_w, b.proj_b).mul(b.gamma);
+    h = at::rms_norm(x, {C}, b.ln2_w, kRmsNormEps);
+    // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.
+    const auto halves = at::linear(h, b.w12_w, b.w12_b).chunk(2, -1);
+    x = x + at::linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
+    if (trace) {
+      trace->put((i < 10 ? "block_0" : "block_") + std::to_string(i), x);
+    }
+  }
+  x = at::rms_norm(x, {C}, ln_w_, kRmsNormEps);
+  if (trace) trace->put("final_norm", x);
+  x = x.narrow(1, pre, P).reshape({B, gh, gw, C}).permute({0, 3, 1, 2}).contiguous();
+  if (trace) trace->put("featmap", x);
+
+  auto norm_silu = [](at::Tensor y) {
+    y = at::instance_norm(y, {}, {}, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1,
+                          kInstanceNormEps, /*cudnn_enabled=*/false);
+    return at::silu_(y);
+  };
+  int stage = 0;
+  for (const auto& w : deconv_w_) {
+    x = norm_silu(at::conv_transpose2d(x, w, {}, /*stride=*/2, /*padding=*/1));
+    if (trace) trace->put("head_" + std::to_string(stage), x);
+    ++stage;
+  }
+  for (size_t s = 0; s < conv_w_.size(); ++s) {
+    x = norm_silu(at::conv2d(x, conv_w_[s], conv_b_[s]));
+    if (trace) trace->put("head_" + std::to_string(stage), x);
+    ++stage;
+  }
+  return at::conv2d(x, seg_w_, seg_b_);
+}
+
+}  // namespace sapiens_seg::core::v2

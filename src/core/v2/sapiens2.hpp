@@ -1,0 +1,96 @@
+// Sapiens2 segmentation network (RMSNorm ViT with 2D RoPE and grouped-query attention, plus the
+// four-stage deconvolution head) on ATen ops, weights by name.
+// Architecture and numerics: the project's spec of Sapiens2 (sections 2-4 and 8).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "../checkpoint.hpp"
+
+namespace sapiens_seg::core::v2 {
+
+struct Config {
+  int64_t embed_dim = 0;                 // C
+  int64_t depth = 0;                     // L
+  int64_t heads = 0;                     // query heads
+  int64_t head_dim = 0;                  // hd = C / heads (from the q/k-norm weight)
+  int64_t mlp = 0;                       // F, the SwiGLU hidden width (w12 has 2F rows)
+  int64_t patch = 0;                     // 16
+  int64_t registers = 0;                 // storage tokens (8); the cls token comes on top
+  std::vector<int64_t> kv_heads;         // per block: heads (MHA) or fewer (GQA)
+  std::vector<int64_t> deconv_channels;  // (512, 256, 128, 64) in the released models
+  std::vector<int64_t> conv_channels;    // (64, 64)
+  int64_t num_classes = 0;               // 29
+  bool periods_in_file = false;          // false: rebuilt in bf16 as the module initialises it
+  int64_t input_h = 0, input_w = 0;      // network input (a multiple of the patch)
+
+  int64_t prefix_tokens() const { return 1 + registers; }
+};
+
+struct ConfigHints {
+  std::optional<int64_t> input_h, input_w;  // network input size (default 1024 x 768)
+};
+
+// Hugging Face transformers stores the same weights under other names (spec section 9), with
+// the SwiGLU input projection split in two. Returns the tensors under the authors' names (views,
+// plus one concatenation per block); a map already in the authors' naming is returned as is.
+TensorMap to_original_names(const TensorMap& tensors);
+bool has_hf_names(const TensorMap& tensors);
+
+// Derives the hyper-parameters from tensor shapes (authors' names) and checks every tensor
+// against them. Missing, unexpected, mis-shaped or non-float tensors are refused with one
+// Error(kFormatError) that lists all of them.
+Config infer_config(const TensorMap& tensors, const ConfigHints& hints);
+
+// The RoPE periods as the authors' module holds them: the file's buffer rounded to bf16, or,
+// when the file has none, 100^(2j / (hd/2)) evaluated in bf16 as the module's initialiser does.
+at::Tensor rope_periods(const TensorMap& tensors, const Config& config);
+
+// cos and sin tables [grid_h * grid_w, hd] in bf16 for a patch grid, with the op sequence (and
+// so the bf16 roundings) of the authors' eager module on this device.
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& periods_bf16, int64_t grid_h,
+                                              int64_t grid_w);
+
+// Named intermediates for parity tests ("tokens", "rope_cos", "rope_sin", "block_08",
+// "final_norm", "featmap", "head_0".."head_5"), recorded only for the names asked for.
+struct Trace {
+  std::vector<std::string> wanted;  // empty: record everything
+  std::map<std::string, at::Tensor> tensors;
+  bool wants(const std::string& name) const;
+  void put(const std::string& name, const at::Tensor& t);
+};
+
+class Network {
+ public:
+  // Copies the weights to `device` in `dtype` (one conversion each; the mapped file is only read).
+  Network(const TensorMap& tensors, Config config, at::Device device, at::ScalarType dtype);
+
+  // x: [B, 3, input_h, input_w] normalised RGB, any float dtype on any device; returns the logits
+  // [B, classes, input_h, input_w] in the network dtype on its device.
+  at::Tensor forward(const at::Tensor& x, Trace* trace = nullptr) const;
+
+  const Config& config() const { return config_; }
+
+ private:
+  struct Block {
+    at::Tensor ln1_w, wq_w, wq_b, wk_w, wk_b, wv_w, wv_b, q_norm_w, k_norm_w, proj_w, proj_b, gamma,
+        ln2_w, w12_w, w12_b, w3_w, w3_b;
+    int64_t kv_heads = 0;
+  };
+  Config config_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  at::Tensor patch_w_, patch_b_, prefix_;  // prefix_: [1, 1 + registers, C] (cls, storage)
+  at::Tensor rope_cos_, rope_sin_;         // bf16 tables for the configured input grid
+  std::vector<Block> blocks_;
+  at::Tensor ln_w_;
+  std::vector<at::Tensor> deconv_w_, conv_w_, conv_b_;
+  at::Tensor seg_w_, seg_b_;
+};
+
+}  // namespace sapiens_seg::core::v2

@@ -1,0 +1,278 @@
+// Sapiens2: the native network against the project's PyTorch reference of the authors' module
+// tree (tools/sapiens2_reference.py), stage by stage so that a failure says where; the key-name
+// mapping of Hugging Face files; strict refusal of malformed checkpoints.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/backends.hpp"
+#include "core/safetensors.hpp"
+#include "core/tensor_ops.hpp"
+#include "core/v2/sapiens2.hpp"
+#include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
+
+using namespace sapiens_seg;
+namespace fs = std::filesystem;
+using sapiens_seg::test::fixture;
+using sapiens_seg::test::read_npy;
+
+namespace {
+
+constexpr double kCpuFp32Bar = 0.002;  // design contract: max |logit diff| on the CPU in fp32
+
+// ImageNet mean/std on the 0-255 scale (the Sapiens2 demo and training alike).
+const std::array<float, 3> kMean{123.675f, 116.28f, 103.53f}, kStd{58.395f, 57.12f, 57.375f};
+
+at::Tensor tensor_of(const test::Array& a, at::ScalarType t) {
+  return at::from_blob(const_cast<std::uint8_t*>(a.bytes.data()), a.shape, t).clone();
+}
+
+at::Tensor ref(const fs::path& dir, const std::string& name) {
+  return tensor_of(read_npy((dir / (name + ".npy")).string()), at::kFloat);
+}
+
+core::TensorMap open_tensors(const std::string& file) {
+  return core::v2::to_original_names(core::SafetensorsFile::open(fixture(file)).all());
+}
+
+core::v2::Config config_of(const core::TensorMap& t, int64_t h = 1024, int64_t w = 768) {
+  core::v2::ConfigHints hints;
+  hints.input_h = h;
+  hints.input_w = w;
+  return core::v2::infer_config(t, hints);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  if (a.sizes() != b.sizes()) return INFINITY;
+  return (a - b).abs().max().item<double>();
+}
+
+// The reference's resized RGB image (cv2, the demo's interpolation rule), normalised here.
+at::Tensor library_input(const fs::path& dir) {
+  const auto resized = read_npy((dir / "resized.npy").string());
+  at::Tensor rgb = tensor_of(resized, at::kByte).contiguous();
+  return core::normalize_rgb(rgb.data_ptr<std::uint8_t>(), static_cast<int>(rgb.size(0)),
+                             static_cast<int>(rgb.size(1)), static_cast<std::size_t>(rgb.stride(0)),
+                             kMean, kStd);
+}
+
+std::vector<fs::path> full_size_dirs(const std::string& name) {
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(fixture("ref/" + name))) {
+    if (e.is_directory() && fs::exists(e.path() / "resized.npy")) dirs.push_back(e.path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+}  // namespace
+
+// ---- unit: configuration, names, periods, refusals ------------------------------------------
+
+TEST(UnitSapiens2, HyperParametersComeFromTheTensorShapes) {
+  const auto c = config_of(open_tensors("s2_tiny.safetensors"));
+  EXPECT_EQ(c.embed_dim, 80);
+  EXPECT_EQ(c.depth, 18);
+  EXPECT_EQ(c.heads, 4);
+  EXPECT_EQ(c.head_dim, 20);
+  EXPECT_EQ(c.mlp, 320);
+  EXPECT_EQ(c.registers, 8);
+  EXPECT_EQ(c.patch, 16);
+  EXPECT_EQ(c.num_classes, 29);
+  EXPECT_TRUE(c.periods_in_file);
+  EXPECT_EQ(c.deconv_channels, (std::vector<int64_t>{32, 16, 16, 8}));
+  EXPECT_EQ(c.conv_channels, (std::vector<int64_t>{8, 8}));
+  // The 8/8 rule: full attention in the first and last eight blocks, half the KV heads between.
+  for (int64_t i = 0; i < 18; ++i) {
+    EXPECT_EQ(c.kv_heads[static_cast<size_t>(i)], (i == 8 || i == 9) ? 2 : 4) << "block " << i;
+  }
+}
+
+TEST(UnitSapiens2, PeriodsRebuiltInBf16EqualTheStoredBuffer) {
+  auto t = open_tensors("s2_tiny.safetensors");
+  const auto c = config_of(t);
+  const at::Tensor stored = core::v2::rope_periods(t, c);
+  EXPECT_EQ(stored.scalar_type(), at::kBFloat16);
+  t.erase("backbone.rope_embed.periods");
+  const at::Tensor rebuilt = core::v2::rope_periods(t, config_of(t));
+  ASSERT_EQ(rebuilt.sizes(), stored.sizes());
+  EXPECT_TRUE(at::equal(rebuilt, stored)) << rebuilt << stored;
+  // F32 storage of the same values gives the same bf16 buffer.
+  const auto f32 = open_tensors("s2_tiny_f32periods.safetensors");
+  EXPECT_EQ(core::SafetensorsFile::open(fixture("s2_tiny_f32periods.safetensors"))
+                .info("backbone.rope_embed.periods")
+                .dtype,
+            core::SafetensorsDtype::kF32);
+  EXPECT_TRUE(at::equal(core::v2::rope_periods(f32, config_of(f32)), stored));
+}
+
+TEST(UnitSapiens2, HuggingFaceNamesMapOntoTheAuthorsNames) {
+  const auto raw = core::SafetensorsFile::open(fixture("s2_tiny_hf.safetensors")).all();
+  ASSERT_TRUE(core::v2::has_hf_names(raw));
+  ASSERT_TRUE(raw.count("model.embeddings.patch_embeddings.weight"));
+  const auto hf = core::v2::to_original_names(raw);
+  auto orig = open_tensors("s2_tiny.safetensors");
+  orig.erase("backbone.rope_embed.periods");  // the newest port does not store it
+  ASSERT_EQ(hf.size(), orig.size());
+  for (const auto& [k, v] : orig) {
+    auto it = hf.find(k);
+    ASSERT_NE(it, hf.end()) << k;
+    EXPECT_TRUE(at::equal(it->second, v)) << k;
+  }
+}
+
+TEST(UnitSapiens2, MalformedCheckpointsAreRefusedWithTheReason) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"s2_broken_missing.safetensors", "backbone.blocks.3.attn.k_norm.weight"},
+      {"s2_broken_shape.safetensors", "backbone.blocks.8.attn.w"},
+      {"s2_broken_unexpected.safetensors", "unexpected"},
+      {"s2_broken_dtype.safetensors", "backbone.ln1.weight"},
+      {"s2_broken_truncated.safetensors", "s2_broken_truncated.safetensors"},
+  };
+  for (const auto& [file, needle] : cases) {
+    try {
+      const auto t = open_tensors(file);
+      config_of(t);
+      ADD_FAILURE() << file << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFormatError) << file << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(UnitSapiens2, InputSizeMustBeAMultipleOfThePatch) {
+  const auto t = open_tensors("s2_tiny.safetensors");
+  try {
+    config_of(t, 1000, 768);
+    ADD_FAILURE() << "1000x768 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidInput);
+  }
+  // Any grid of whole patches works: RoPE is built per grid, there is no position table.
+  const auto c = config_of(t, 48, 80);
+  const core::v2::Network net(t, c, at::kCPU, at::kFloat);
+  const at::Tensor y = net.forward(at::randn({1, 3, 48, 80}));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{1, 29, 48, 80}));
+  EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+  EXPECT_THROW(net.forward(at::randn({1, 3, 64, 80})), Error);
+}
+
+// ---- parity: against the PyTorch reference, stage by stage ----------------------------------
+
+TEST(ParitySapiens2, EveryStageMatchesTheReferenceAt128x96Batch2) {
+  const fs::path dir = fixture("ref/s2_tiny/batch_128x96");
+  const auto t = open_tensors("s2_tiny.safetensors");
+  const core::v2::Network net(t, config_of(t, 128, 96), at::kCPU, at::kFloat);
+  const at::Tensor x = ref(dir, "input");
+  ASSERT_EQ(x.sizes(), (std::vector<int64_t>{2, 3, 128, 96}));
+  core::v2::Trace trace;
+  const at::Tensor logits = net.forward(x, &trace);
+
+  // The bf16 RoPE tables are computed with the same ops in the same order: bit-identical.
+  EXPECT_EQ(max_diff(trace.tensors.at("rope_cos"), ref(dir, "rope_cos")), 0.0);
+  EXPECT_EQ(max_diff(trace.tensors.at("rope_sin"), ref(dir, "rope_sin")), 0.0);
+  for (const std::string name :
+       {"tokens", "block_00", "block_07", "block_08", "block_09", "block_17", "final_norm",
+        "featmap", "head_0", "head_1", "head_2", "head_3", "head_4", "head_5"}) {
+    const at::Tensor r = ref(dir, name);
+    const double d = max_diff(trace.tensors.at(name), r);
+    const double scale = std::max(1.0, r.abs().max().item<double>());
+    std::printf("s2_tiny 128x96 %-10s max |diff| %.3g (|ref| max %.3g)\n", name.c_str(), d, scale);
+    EXPECT_LE(d, 1e-4 * scale) << name;
+  }
+  const double d = max_diff(logits, ref(dir, "logits"));
+  std::printf("s2_tiny 128x96 logits     max |diff| %.3g (bar %.3g)\n", d, kCpuFp32Bar);
+  EXPECT_LE(d, kCpuFp32Bar);
+}
+
+TEST(ParitySapiens2, FullSizeLogitsMatchForEveryFileVariant) {
+  const auto t = open_tensors("s2_tiny.safetensors");
+  const auto cfg = config_of(t);
+  const auto cpu = c10::Device(c10::kCPU);
+  const auto portable = core::make_portable_v2(t, cfg, cpu, at::kFloat);
+  const auto f32 = open_tensors("s2_tiny_f32periods.safetensors");
+  const auto f32_net = core::make_portable_v2(f32, config_of(f32), cpu, at::kFloat);
+  const auto hf = open_tensors("s2_tiny_hf.safetensors");
+  const auto hf_net = core::make_portable_v2(hf, config_of(hf), cpu, at::kFloat);
+  const auto dirs = full_size_dirs("s2_tiny");
+  ASSERT_GE(dirs.size(), 3u);
+  for (const auto& dir : dirs) {
+    const at::Tensor x = library_input(dir);
+    // Same uint8 pixels, same fp32 arithmetic: the normalised input is bit-identical.
+    EXPECT_TRUE(at::equal(x.unsqueeze(0), ref(dir, "input"))) << dir;
+    const at::Tensor got = portable->forward(x.unsqueeze(0));
+    const at::Tensor r = ref(dir, "logits");
+    const double d = max_diff(got, r);
+    const double d_f32 = max_diff(f32_net->forward(x.unsqueeze(0)), got);
+    const double d_hf = max_diff(hf_net->forward(x.unsqueeze(0)), got);
+    std::printf(
+        "s2_tiny %s 1024x768: max |logit diff| %.3g (logits in [%.2f, %.2f]); F32-periods file "
+        "%.3g, HF-names file %.3g\n",
+        dir.filename().c_str(), d, r.min().item<double>(), r.max().item<double>(), d_f32, d_hf);
+    EXPECT_LE(d, kCpuFp32Bar) << dir;
+    EXPECT_EQ(d_f32, 0.0) << dir;
+    EXPECT_EQ(d_hf, 0.0) << dir;
+  }
+}
+
+TEST(ParitySapiens2, GridOf64x48MatchesTheReferenceTablesAndBlocks) {
+  const fs::path dir = fixture("ref/s2_tiny/synth_300x211");
+  const auto t = open_tensors("s2_tiny.safetensors");
+  const core::v2::Network net(t, config_of(t), at::kCPU, at::kFloat);
+  core::v2::Trace trace;
+  trace.wanted = {"rope_cos", "rope_sin", "tokens", "block_08", "final_norm"};
+  net.forward(ref(dir, "input"), &trace);
+  EXPECT_EQ(max_diff(trace.tensors.at("rope_cos"), ref(dir, "rope_cos")), 0.0);
+  EXPECT_EQ(max_diff(trace.tensors.at("rope_sin"), ref(dir, "rope_sin")), 0.0);
+  for (const std::string name : {"tokens", "block_08", "final_norm"}) {
+    const at::Tensor r = ref(dir, name);
+    const double d = max_diff(trace.tensors.at(name), r);
+    std::printf("s2_tiny 1024x768 %-10s max |diff| %.3g\n", name.c_str(), d);
+    EXPECT_LE(d, 1e-4 * std::max(1.0, r.abs().max().item<double>())) << name;
+  }
+}
+
+TEST(ParitySapiens2, UpsampleArgmaxMatchesTheReferenceLabels) {
+  for (const auto& dir : full_size_dirs("s2_tiny")) {
+    const at::Tensor logits = ref(dir, "logits")[0].contiguous();
+    const auto ref_labels = read_npy((dir / "labels.npy").string());
+    const auto gap = read_npy((dir / "top2_gap.npy").string());
+    const int H = static_cast<int>(ref_labels.shape[0]), W = static_cast<int>(ref_labels.shape[1]);
+    std::vector<std::uint8_t> labels(static_cast<size_t>(H) * W);
+    core::upsample_argmax(logits, H, W, labels.data());
+    int64_t differ = 0, differ_not_tie = 0, classes_seen = 0;
+    std::vector<int> seen(256, 0);
+    for (size_t i = 0; i < labels.size(); ++i) {
+      seen[labels[i]] = 1;
+      if (labels[i] != ref_labels.as<std::uint8_t>()[i]) {
+        ++differ;
+        if (gap.as<float>()[i] > 1e-5f) ++differ_not_tie;
+      }
+    }
+    for (int v : seen) classes_seen += v;
+    std::printf("s2_tiny %s %dx%d: %lld of %zu labels differ (all at ties), %lld classes\n",
+                dir.filename().c_str(), H, W, static_cast<long long>(differ), labels.size(),
+                static_cast<long long>(classes_seen));
+    EXPECT_EQ(differ_not_tie, 0) << dir;
+  }
+}
+
+TEST(SlowSapiens2, WideFixtureMatchesTheReference) {
+  const auto t = open_tensors("s2_wide_0.4b.safetensors");
+  const auto cfg = config_of(t);
+  EXPECT_EQ(cfg.embed_dim, 1024);
+  EXPECT_EQ(cfg.head_dim, 64);
+  const auto net = core::make_portable_v2(t, cfg, c10::Device(c10::kCPU), at::kFloat);
+  for (const auto& dir : full_size_dirs("s2_wide_0.4b")) {
+    const at::Tensor x = library_input(dir);
+    const double d = max_diff(net->forward(x.unsqueeze(0)), ref(dir, "logits"));
+    std::printf("s2_wide_0.4b %s: max |logit diff| %.3g\n", dir.filename().c_str(), d);
+    EXPECT_LE(d, kCpuFp32Bar) << dir;
+  }
+}
