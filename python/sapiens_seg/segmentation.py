@@ -14,6 +14,10 @@ Example::
     # Several images (of any sizes) in one network batch:
     results = model(["a.jpg", pathlib.Path("b.png"), pathlib.Path("c.jpg").read_bytes()])
 
+    # Sapiens2 (29 classes, commercial use allowed), by card id or .safetensors path:
+    model2 = segmentation.load("sapiens2-seg-0.4b")
+    model2("photo.jpg").classes[2]   # 'Eyeglass'
+
 Accepted images: a path (``str`` or ``os.PathLike``), encoded bytes (JPEG, PNG, ...), a numpy
 ``HxWx3`` uint8 RGB array (any strides), a PIL image (converted with ``convert("RGB")``) or a
 torch uint8 ``HWC`` tensor. Files and bytes are decoded as ``cv2.imread`` does in the authors'
@@ -268,13 +272,15 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
     """Loads a Sapiens segmentation model.
 
     Args:
-        name_or_path: a model card id (``"sapiens-seg-0.3b-goliath"``, see
-            :func:`sapiens_seg.list_cards`) or the path of a checkpoint (``.pt2``). Weights of a
+        name_or_path: a model card id (``"sapiens-seg-0.3b-goliath"``, ``"sapiens2-seg-0.4b"``,
+            see :func:`sapiens_seg.list_cards`) or the path of a checkpoint (a Sapiens v1
+            ``.pt2`` or a Sapiens2 ``.safetensors``, in the authors' or the Hugging Face
+            transformers naming). Weights of a
             card are looked up in ``SAPIENS_SEG_WEIGHTS_PATH``, the sapiens-seg cache and the
             Hugging Face cache, and checked against the card's SHA-256.
         mode: ``"auto"`` (the fastest that runs here), ``"portable"`` (the network on LibTorch
             operators), ``"kernels"`` (the project's CUDA kernels) or ``"original"`` (the
-            checkpoint's own TorchScript graph). A mode that cannot run raises
+            checkpoint's own TorchScript graph; Sapiens v1 only). A mode that cannot run raises
             :class:`~sapiens_seg.BackendUnavailableError`; nothing falls back silently.
         device: ``None`` (CUDA when present, else the CPU), ``"cpu"``, ``"cuda"``,
             ``"cuda:N"`` or a ``torch.device``.
@@ -282,8 +288,8 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
             ``"bfloat16"`` or the matching ``torch.dtype``.
         logits: also return ``Result.logits`` (``[C, H, W]`` float32; large: 28 x 12 MP is
             1.3 GB).
-        normalization: ``"demo"`` (the authors' Sapiens-Lite demo values, what users compare
-            against) or ``"training"``.
+        normalization: ``"demo"`` (the authors' demo values, what users compare against) or
+            ``"training"`` (they differ for Sapiens v1 only).
         accept_noncommercial: accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights
             (required for them, or ``SAPIENS_SEG_NONCOMMERCIAL=1``).
         allow_unverified: load weights whose card has no pinned SHA-256.
