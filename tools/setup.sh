@@ -23,6 +23,10 @@ PY_REQS=(
   "scikit-build-core==1.1.2"  # pip install --no-build-isolation . (pyproject.toml)
   "pillow==13.0.0"            # the binding's PIL input test
   "safetensors==0.7.0"        # cross-checks of the C++ safetensors reader (safetensors_tests)
+  "ray[data]==2.60.0"         # sapiens_seg.ray: batch segmentation on Ray Data, and its tests
+  "pyarrow==26.0.1"           # pulled by ray[data]; pinned so the tested versions are installed
+  "pandas==3.1.1"             # likewise
+  "tqdm==4.70.1"              # Ray Data draws its progress bars with it (none without)
 )
 APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config
