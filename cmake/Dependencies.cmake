@@ -16,20 +16,29 @@ if(NOT SAPIENS_SEG_CUDA STREQUAL "OFF")
       # SASS for Ampere, Ampere consumer, Ada, Hopper and Blackwell; PTX of the newest for JIT.
       set(CMAKE_CUDA_ARCHITECTURES 80-real 86-real 89-real 90-real 120)
     endif()
+    # One CUDA runtime in the process: the shared one LibTorch already loads.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
-    # LibTorch's own CUDA flags follow the same list.
+    # The device code is C++17 (CMake 3.25 has no C++20 dialect flag for nvcc; the host C++ that
+    # uses C++20 is compiled by the C++ compiler).
+    set(CMAKE_CUDA_STANDARD 17)
+    # LibTorch's own CUDA flags follow the same list: "80-real" -> 8.0 (SASS), "120" (SASS and
+    # PTX) -> 12.0+PTX, "90-virtual" (PTX only, which LibTorch cannot express) -> 9.0+PTX.
     set(_archs "")
     foreach(a IN LISTS CMAKE_CUDA_ARCHITECTURES)
       string(REGEX REPLACE "-(real|virtual)$" "" n "${a}")
       string(REGEX REPLACE "([0-9]+)([0-9])$" "\\1.\\2" n "${n}")
+      if(NOT a MATCHES "-real$")
+        string(APPEND n "+PTX")
+      endif()
       list(APPEND _archs "${n}")
     endforeach()
     list(REMOVE_DUPLICATES _archs)
     string(REPLACE ";" " " TORCH_CUDA_ARCH_LIST "${_archs}")
     set(ENV{TORCH_CUDA_ARCH_LIST} "${TORCH_CUDA_ARCH_LIST}")
     set(SAPIENS_SEG_HAVE_CUDA ON)
-    message(STATUS "sapiens-seg: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
+    set(SAPIENS_SEG_CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+    message(STATUS "sapiens-seg: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES} (LibTorch: ${TORCH_CUDA_ARCH_LIST})")
   elseif(SAPIENS_SEG_CUDA STREQUAL "ON")
     message(FATAL_ERROR "SAPIENS_SEG_CUDA=ON but no CUDA compiler was found")
   endif()
@@ -58,9 +67,26 @@ set(SAPIENS_SEG_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
 if(NOT SAPIENS_SEG_HAVE_CUDA)
   set(CAFFE2_USE_CUDA OFF)
   set(USE_CUDA OFF)
+  # A CUDA build of LibTorch still sets CUDA up when it finds nvcc (SAPIENS_SEG_CUDA=OFF on a
+  # machine with a toolkit): give it a dialect CMake knows for nvcc and an architecture list, so
+  # it neither fails on C++20 nor compiles probe programs to look for GPUs.
+  set(CMAKE_CUDA_STANDARD 17)
+  if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+    set(TORCH_CUDA_ARCH_LIST "8.0")
+  endif()
 endif()
 find_package(Torch REQUIRED)
 message(STATUS "sapiens-seg: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+if(SAPIENS_SEG_HAVE_CUDA)
+  # LibTorch's CUDA setup switches CMAKE_CUDA_ARCHITECTURES off and appends -gencode flags of its
+  # own (from TORCH_CUDA_ARCH_LIST, set above from the same list) to CMAKE_CUDA_FLAGS. The list
+  # above stays the one source of truth: restore it and drop LibTorch's copies, or every .cu file
+  # would be compiled twice per architecture.
+  set(CMAKE_CUDA_ARCHITECTURES "${SAPIENS_SEG_CUDA_ARCHITECTURES}")
+  string(REGEX REPLACE "-gencode;?[ ]*arch=compute_[0-9a-z]+,code=[a-z_0-9]+" "" CMAKE_CUDA_FLAGS
+                       "${CMAKE_CUDA_FLAGS}")
+  string(REGEX REPLACE "  +" " " CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+endif()
 
 # The torch wheel brings its own CUDA runtime, cuDNN and NCCL (site-packages/nvidia/*/lib), newer
 # than or different from a system toolkit. Linking and running must resolve LibTorch's
@@ -87,4 +113,47 @@ if(SAPIENS_SEG_BUILD_IO)
   find_package(OpenSSL REQUIRED COMPONENTS Crypto)
   find_package(CURL 7.85 REQUIRED)
   find_package(CLI11 REQUIRED)
+endif()
+
+# ---- what the kernels backend needs (kernels/kernels.cmake) ----------------------------------
+# cuBLASLt from the CUDA toolkit; cuDNN and its headers from the torch wheel (the library LibTorch
+# itself loads), else from the system; the header-only cudnn-frontend from the venv's PyPI
+# package nvidia-cudnn-frontend (tools/setup.sh), or from SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE
+# (the GPU machine gets it carried with the working tree). Missing pieces leave the kernels out
+# of the build, and the `kernels` mode then says "not compiled in".
+set(SAPIENS_SEG_WITH_KERNELS OFF)
+option(SAPIENS_SEG_KERNELS "Build the CUDA kernels backend when CUDA and cuDNN are found" ON)
+if(SAPIENS_SEG_HAVE_CUDA AND SAPIENS_SEG_KERNELS)
+  find_package(CUDAToolkit REQUIRED)
+  set(SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE "" CACHE PATH
+      "Folder holding cudnn_frontend.h (default: the venv's nvidia-cudnn-frontend package)")
+  if(NOT SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE)
+    set(_py "${CMAKE_SOURCE_DIR}/.venv/bin/python")
+    if(NOT EXISTS "${_py}")
+      set(_py "${Python3_EXECUTABLE}")
+    endif()
+    execute_process(
+      COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH "${_py}" -c
+              "import importlib.metadata as m, os; f = [p for p in m.files('nvidia-cudnn-frontend') if str(p).endswith('include/cudnn_frontend.h')]; print(os.path.dirname(f[0].locate()) if f else '')"
+      OUTPUT_VARIABLE _fe OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
+    if(_rc EQUAL 0 AND EXISTS "${_fe}/cudnn_frontend.h")
+      set(SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE "${_fe}" CACHE PATH "" FORCE)
+    endif()
+  endif()
+  find_path(SAPIENS_SEG_CUDNN_INCLUDE_DIR cudnn.h
+            HINTS "${_torch_site}/nvidia/cudnn/include" ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(SAPIENS_SEG_CUDNN_LIBRARY NAMES libcudnn.so.9 cudnn NAMES_PER_DIR
+               HINTS "${_torch_site}/nvidia/cudnn/lib" ${CUDAToolkit_LIBRARY_DIR})
+  if(NOT EXISTS "${SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE}/cudnn_frontend.h")
+    message(STATUS "sapiens-seg: kernels backend off: cudnn_frontend.h not found (pip install "
+                   "nvidia-cudnn-frontend, or set SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE)")
+  elseif(NOT SAPIENS_SEG_CUDNN_INCLUDE_DIR OR NOT SAPIENS_SEG_CUDNN_LIBRARY)
+    message(STATUS "sapiens-seg: kernels backend off: cuDNN (cudnn.h, libcudnn) not found")
+  elseif(NOT TARGET CUDA::cublasLt)
+    message(STATUS "sapiens-seg: kernels backend off: cuBLASLt not found in the CUDA toolkit")
+  else()
+    set(SAPIENS_SEG_WITH_KERNELS ON)
+    message(STATUS "sapiens-seg: kernels backend on (cuDNN ${SAPIENS_SEG_CUDNN_LIBRARY}, "
+                   "cudnn-frontend ${SAPIENS_SEG_CUDNN_FRONTEND_INCLUDE})")
+  endif()
 endif()

@@ -23,6 +23,7 @@ PY_REQS=(
   "scikit-build-core==1.1.2"  # pip install --no-build-isolation . (pyproject.toml)
   "pillow==13.0.0"            # the binding's PIL input test
   "safetensors==0.7.0"        # cross-checks of the C++ safetensors reader (safetensors_tests)
+  "nvidia-cudnn-frontend==1.32.0" # header-only cuDNN graph API for the kernels backend (CMake finds its headers here)
   "ray[data]==2.60.0"         # sapiens_seg.ray: batch segmentation on Ray Data, and its tests
   "pyarrow==26.0.1"           # pulled by ray[data]; pinned so the tested versions are installed
   "pandas==3.1.1"             # likewise

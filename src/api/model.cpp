@@ -165,18 +165,33 @@ struct Loaded {
 std::unique_ptr<core::Runner> pick_runner(
     const LoadOptions& opt, c10::Device device,
     const std::function<std::unique_ptr<core::Runner>()>& portable,
-    const std::function<std::unique_ptr<core::Runner>()>& original) {
+    const std::function<std::unique_ptr<core::Runner>()>& original,
+    const std::function<std::unique_ptr<core::Runner>()>& kernels = nullptr) {
   switch (opt.mode) {
     case Mode::kOriginal:
       return original();
-    case Mode::kKernels:
-      throw Error(ErrorCode::kBackendUnavailable,
-                  "kernels mode unavailable: " + core::kernels_unavailable_reason(device));
+    case Mode::kKernels: {
+      const std::string why = core::kernels_unavailable_reason(device);
+      if (!why.empty()) {
+        throw Error(ErrorCode::kBackendUnavailable, "kernels mode unavailable: " + why);
+      }
+      if (!kernels) {
+        throw Error(ErrorCode::kBackendUnavailable,
+                    "kernels mode unavailable: the kernels backend covers Sapiens v1 only so far; "
+                    "use the portable mode");
+      }
+      return kernels();
+    }
     case Mode::kAuto: {
+      // Kernels only where they run and a card's recorded measurement prefers them. No card
+      // records kernel measurements yet, so auto is portable everywhere for now.
       const std::string why = core::kernels_unavailable_reason(device);
       io::log(io::Level::kInfo,
               "auto mode: portable (" +
-                  (why.empty() ? std::string("no kernel measurements in card") : why) + ")");
+                  (why.empty() ? std::string("the kernels can run here, but no card records a "
+                                             "measurement that prefers them")
+                               : why) +
+                  ")");
       return portable();
     }
     case Mode::kPortable:
@@ -219,7 +234,8 @@ Loaded load_v1(Model::Impl& impl, const std::string& path, const std::optional<C
                       "the original mode runs the traced graph at its own input size only");
         }
         return core::make_original_v1(ckpt, cfg, device, dtype);
-      });
+      },
+      [&] { return core::make_kernels_v1(ckpt, cfg, device, dtype); });
   return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
 }
 

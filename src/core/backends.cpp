@@ -4,6 +4,8 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/script.h>
 
+#include <tuple>
+
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core {
@@ -165,13 +167,46 @@ bool kernels_compiled() {
 #endif
 }
 
-std::string kernels_unavailable_reason(const c10::Device& device) {
-  if (!kernels_compiled()) {
-    return "the kernels backend (fastbb, cudnn_hacc, seg_up) is not compiled into this build";
+#ifndef SAPIENS_SEG_WITH_KERNELS
+// Stand-ins of src/core/kernels_runner.cpp for builds without the kernels.
+std::pair<int, int> cuda_capability(int) {
+  return {0, 0};
+}
+
+std::unique_ptr<Runner> make_kernels_v1(const TorchScriptCheckpoint&, const v1::Config&,
+                                        c10::Device device, at::ScalarType) {
+  throw Error(ErrorCode::kBackendUnavailable,
+              "kernels mode unavailable: " + kernels_unavailable_reason(device));
+}
+#endif
+
+std::string kernels_unavailable_reason_for(const KernelsProbe& p) {
+  if (!p.compiled) {
+    return "the kernels backend (fastbb, cudnn_hacc, seg_up) is not compiled into this build "
+           "(it needs nvcc, cuDNN and cudnn-frontend when CMake configures)";
   }
-  if (!at::hasCUDA()) return "no CUDA device is available";
-  if (!device.is_cuda()) return "the kernels backend runs on CUDA devices only (device is cpu)";
+  if (!p.cuda_available) return "no CUDA device is available";
+  if (!p.device.is_cuda()) {
+    return "the kernels backend runs on CUDA devices only (device is " + device_name(p.device) +
+           ")";
+  }
+  if (p.major < kKernelsMinMajor) {
+    return device_name(p.device) + " has compute capability " + std::to_string(p.major) + "." +
+           std::to_string(p.minor) + "; the kernels backend needs " +
+           std::to_string(kKernelsMinMajor) + ".0 or newer";
+  }
   return "";
+}
+
+std::string kernels_unavailable_reason(const c10::Device& device) {
+  KernelsProbe p;
+  p.compiled = kernels_compiled();
+  p.cuda_available = p.compiled && at::hasCUDA();
+  p.device = device;
+  if (p.cuda_available && device.is_cuda()) {
+    std::tie(p.major, p.minor) = cuda_capability(device.has_index() ? device.index() : 0);
+  }
+  return kernels_unavailable_reason_for(p);
 }
 
 }  // namespace sapiens_seg::core

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
@@ -40,8 +41,28 @@ std::unique_ptr<Runner> make_original_v1(const TorchScriptCheckpoint& ckpt, cons
 std::unique_ptr<Runner> make_portable_v2(const TensorMap& tensors, const v2::Config& cfg,
                                          c10::Device device, at::ScalarType dtype);
 
+// The CUDA kernels backend (kernels/: fastbb, cudnn_hacc, seg_up) for Sapiens v1, float16 or
+// bfloat16 only. Throws Error(kBackendUnavailable) with the reason where it cannot run (see
+// kernels_unavailable_reason, plus the dtype) or was not compiled in.
+std::unique_ptr<Runner> make_kernels_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
+                                        c10::Device device, at::ScalarType dtype);
+
 // Why the kernels backend cannot run here, or "" when it can.
 std::string kernels_unavailable_reason(const c10::Device& device);
 bool kernels_compiled();
+
+// What kernels_unavailable_reason decides from, so the decision is testable without a GPU.
+struct KernelsProbe {
+  bool compiled = false;        // SAPIENS_SEG_WITH_KERNELS
+  bool cuda_available = false;  // at least one CUDA device
+  c10::Device device{c10::kCPU};
+  int major = 0, minor = 0;  // compute capability of `device`
+};
+std::string kernels_unavailable_reason_for(const KernelsProbe& probe);
+inline constexpr int kKernelsMinMajor = 8;  // cuDNN's fused attention and bf16 need sm_80+
+
+// Compute capability {major, minor} of CUDA device `index`; {0, 0} when there is none or the
+// kernels are not compiled in.
+std::pair<int, int> cuda_capability(int index);
 
 }  // namespace sapiens_seg::core

@@ -1,0 +1,209 @@
+// cudnn_hacc host code: head-dim padding, graph keys, and building and running the cuDNN SDPA
+// graphs (one per shape, built on first use).
+#include "kernels/cudnn_hacc/attention.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace sapiens_seg::kernels::cudnn_hacc {
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// Tensor uids of the graph's variant pack.
+constexpr std::int64_t kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4;
+
+void check_fe(fe::error_t e, const char* step) {
+  if (!e.is_good()) {
+    throw std::runtime_error(std::string("cuDNN attention: ") + step +
+                             " failed: " + e.get_message());
+  }
+}
+
+void check_cudnn(cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string(what) + " failed: " + cudnnGetErrorString(s));
+  }
+}
+
+std::vector<std::int64_t> vec(const std::array<std::int64_t, 4>& a) {
+  return {a.begin(), a.end()};
+}
+
+}  // namespace
+
+std::int64_t padded_head_dim(std::int64_t head_dim) {
+  TORCH_CHECK(head_dim >= 1 && head_dim <= kMaxHeadDim, "attention: head dim ", head_dim,
+              " is outside the 1..", kMaxHeadDim, " that cuDNN's fused attention runs");
+  return (head_dim + 7) / 8 * 8;
+}
+
+at::Tensor pad_qkv_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
+                          std::int64_t hdp) {
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == 3 * heads * hd, "pad_qkv_weight: expected [",
+              3 * heads * hd, ", C], got ", w.sizes());
+  TORCH_CHECK(hdp >= hd, "pad_qkv_weight: padded head dim ", hdp, " < ", hd);
+  if (hdp == hd) return w;
+  const std::int64_t C = w.size(1);
+  return at::constant_pad_nd(w.reshape({3, heads, hd, C}), {0, 0, 0, hdp - hd})
+      .reshape({3 * heads * hdp, C});
+}
+
+at::Tensor pad_qkv_bias(const at::Tensor& b, std::int64_t heads, std::int64_t hd,
+                        std::int64_t hdp) {
+  TORCH_CHECK(b.dim() == 1 && b.size(0) == 3 * heads * hd, "pad_qkv_bias: expected [",
+              3 * heads * hd, "], got ", b.sizes());
+  TORCH_CHECK(hdp >= hd, "pad_qkv_bias: padded head dim ", hdp, " < ", hd);
+  if (hdp == hd) return b;
+  return at::constant_pad_nd(b.reshape({3, heads, hd}), {0, hdp - hd}).reshape({3 * heads * hdp});
+}
+
+at::Tensor pad_proj_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
+                           std::int64_t hdp) {
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == heads * hd, "pad_proj_weight: expected [C, ", heads * hd,
+              "], got ", w.sizes());
+  TORCH_CHECK(hdp >= hd, "pad_proj_weight: padded head dim ", hdp, " < ", hd);
+  if (hdp == hd) return w;
+  const std::int64_t C = w.size(0);
+  return at::constant_pad_nd(w.reshape({C, heads, hd}), {0, hdp - hd}).reshape({C, heads * hdp});
+}
+
+std::size_t SdpaKeyHash::operator()(const SdpaKey& k) const noexcept {
+  std::size_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  for (std::int64_t v : {k.b, k.h, k.s, k.d}) mix(static_cast<std::uint64_t>(v));
+  for (std::int64_t v : k.qkv_stride) mix(static_cast<std::uint64_t>(v));
+  for (std::int64_t v : k.o_stride) mix(static_cast<std::uint64_t>(v));
+  std::uint32_t bits = 0;
+  static_assert(sizeof bits == sizeof k.scale);
+  std::memcpy(&bits, &k.scale, sizeof bits);
+  mix(bits);
+  mix(static_cast<std::uint64_t>(k.dtype));
+  mix(static_cast<std::uint64_t>(static_cast<std::int64_t>(k.device)));
+  return h;
+}
+
+SdpaKey packed_qkv_key(const at::Tensor& qkv, const at::Tensor& out, float scale) {
+  TORCH_CHECK(qkv.dim() == 5 && qkv.size(2) == 3 && qkv.is_contiguous(),
+              "attention: qkv must be a contiguous [B, S, 3, H, D] tensor, got sizes ", qkv.sizes(),
+              " strides ", qkv.strides());
+  const std::int64_t B = qkv.size(0), S = qkv.size(1), H = qkv.size(3), D = qkv.size(4);
+  TORCH_CHECK(out.dim() == 4 && out.size(0) == B && out.size(1) == S && out.size(2) == H &&
+                  out.size(3) == D && out.is_contiguous(),
+              "attention: out must be a contiguous [", B, ", ", S, ", ", H, ", ", D,
+              "] tensor, got ", out.sizes());
+  TORCH_CHECK(qkv.scalar_type() == at::kHalf || qkv.scalar_type() == at::kBFloat16,
+              "attention: cuDNN's fused attention runs float16 or bfloat16, got ",
+              qkv.scalar_type());
+  TORCH_CHECK(out.scalar_type() == qkv.scalar_type(), "attention: out must be ", qkv.scalar_type());
+  TORCH_CHECK(D % 8 == 0 && D <= kMaxHeadDim, "attention: head dim ", D,
+              " must be a multiple of 8 up to ", kMaxHeadDim,
+              " (pad the weights: padded_head_dim, pad_qkv_weight)");
+  TORCH_CHECK(S > 0 && B > 0 && H > 0, "attention: empty input ", qkv.sizes());
+  TORCH_CHECK(qkv.device() == out.device(), "attention: qkv and out are on different devices");
+  TORCH_CHECK(scale > 0.f, "attention: scale must be positive");
+  SdpaKey k;
+  k.b = B;
+  k.h = H;
+  k.s = S;
+  k.d = D;
+  k.dtype = qkv.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
+  k.qkv_stride = {S * 3 * H * D, D, 3 * H * D, 1};
+  k.o_stride = {S * H * D, D, H * D, 1};
+  k.scale = scale;
+  k.device = qkv.device().is_cuda() ? qkv.device().index() : -1;
+  return k;
+}
+
+struct Attention::Plan {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t workspace = 0;
+};
+
+Attention::Attention(c10::Device device) : device_(device) {
+  TORCH_CHECK(device.is_cuda() && device.has_index(),
+              "Attention: needs a CUDA device with an index");
+  const c10::cuda::CUDAGuard guard(device);
+  cudnnHandle_t h = nullptr;
+  check_cudnn(cudnnCreate(&h), "cudnnCreate");
+  handle_ = h;
+}
+
+Attention::~Attention() {
+  plans_.clear();
+  if (handle_) cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
+}
+
+std::size_t Attention::graphs_cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plans_.size();
+}
+
+void Attention::packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float scale) {
+  const SdpaKey key = packed_qkv_key(qkv, out, scale);
+  TORCH_CHECK(qkv.device() == device_, "attention: operands are on ", qkv.device(),
+              " but this Attention serves ", device_);
+  const c10::cuda::CUDAGuard guard(device_);
+  auto handle = static_cast<cudnnHandle_t>(handle_);
+  std::lock_guard<std::mutex> lock(mu_);
+
+  std::shared_ptr<Plan>& plan = plans_[key];
+  if (!plan) {
+    auto p = std::make_shared<Plan>();
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(key.dtype == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    const std::vector<std::int64_t> dim = {key.b, key.h, key.s, key.d};
+    auto tensor = [&](const char* name, std::int64_t uid) {
+      return g->tensor(
+          fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(
+              vec(key.qkv_stride)));
+    };
+    auto q = tensor("Q", kUidQ), k = tensor("K", kUidK), v = tensor("V", kUidV);
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("sapiens_attention")
+                       .set_generate_stats(false)
+                       .set_attn_scale(key.scale);
+    auto [o, stats] = g->sdpa(q, k, v, options);
+    (void)stats;
+    o->set_output(true).set_dim(dim).set_stride(vec(key.o_stride)).set_uid(kUidO);
+    try {
+      check_fe(g->validate(), "validate");
+      check_fe(g->build_operation_graph(handle), "build_operation_graph");
+      check_fe(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+      check_fe(g->check_support(handle), "check_support");
+      check_fe(g->build_plans(handle), "build_plans");
+      check_fe(g->get_workspace_size(p->workspace), "get_workspace_size");
+    } catch (...) {
+      plans_.erase(key);  // do not keep an empty entry for a shape that failed to build
+      throw;
+    }
+    p->graph = std::move(g);
+    plan = std::move(p);
+  }
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device_.index());
+  check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream");
+  at::Tensor workspace;
+  if (plan->workspace > 0) {
+    workspace = at::empty({plan->workspace}, qkv.options().dtype(at::kByte));
+  }
+  auto* base = static_cast<char*>(qkv.data_ptr());
+  const std::int64_t head_bytes = key.h * key.d * static_cast<std::int64_t>(qkv.element_size());
+  std::unordered_map<std::int64_t, void*> pack = {{kUidQ, base},
+                                                  {kUidK, base + head_bytes},
+                                                  {kUidV, base + 2 * head_bytes},
+                                                  {kUidO, out.data_ptr()}};
+  check_fe(plan->graph->execute(handle, pack, workspace.defined() ? workspace.data_ptr() : nullptr),
+           "execute");
+}
+
+}  // namespace sapiens_seg::kernels::cudnn_hacc

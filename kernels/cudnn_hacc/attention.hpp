@@ -1,0 +1,87 @@
+// cudnn_hacc: multi-head attention through cuDNN's fused scaled-dot-product attention (the
+// cudnn-frontend graph API), reading Q, K and V in place from the packed output of the qkv GEMM.
+//
+// Layout: the qkv GEMM writes [B, S, 3, H, D] (its weight rows are Q, K, V, head-major), so Q,
+// K and V are [B, H, S, D] tensors with strides {S*3*H*D, D, 3*H*D, 1} at offsets 0, H*D and
+// 2*H*D; the output is written as [B, S, H, D], which is the projection GEMM's input as is. No
+// transpose kernel runs on either side.
+//
+// Head dims: cuDNN wants D to be a multiple of 8. Sapiens uses 64 (v1 0.3b/1b, Sapiens2
+// 0.4b/1b), 80 (v1 0.6b, Sapiens2 0.8b), 60 (v1 2b) and 76 (Sapiens2 5b). The last two are
+// padded to 64 and 80 at load time, in the weights: zero rows in the qkv weight and bias make
+// every head's Q, K and V end in zeros (so Q.K^T and the softmax are unchanged, and the output's
+// padding columns are zero), and zero columns in the projection weight skip them. The
+// attention scale stays 1/sqrt(true head dim).
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/common.hpp"
+
+namespace sapiens_seg::kernels::cudnn_hacc {
+
+constexpr std::int64_t kMaxHeadDim = 256;
+
+// The head dim cuDNN runs for `head_dim`: the next multiple of 8. Throws c10::Error for head
+// dims outside 1..256.
+std::int64_t padded_head_dim(std::int64_t head_dim);
+
+// qkv weight [3*H*hd, C] -> [3*H*hdp, C] and bias [3*H*hd] -> [3*H*hdp], zeros in the padding;
+// projection weight [C, H*hd] -> [C, H*hdp], zero columns in the padding. The tensors come back
+// unchanged when hdp == hd. Any device and dtype.
+at::Tensor pad_qkv_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
+                          std::int64_t hdp);
+at::Tensor pad_qkv_bias(const at::Tensor& b, std::int64_t heads, std::int64_t hd, std::int64_t hdp);
+at::Tensor pad_proj_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
+                           std::int64_t hdp);
+
+// What a built cuDNN graph depends on; graphs are cached per key.
+struct SdpaKey {
+  std::int64_t b = 0, h = 0, s = 0, d = 0;
+  DType dtype = DType::kF16;
+  std::array<std::int64_t, 4> qkv_stride{}, o_stride{};  // [B, H, S, D] strides, elements
+  float scale = 0.f;
+  int device = 0;
+  bool operator==(const SdpaKey&) const = default;
+};
+
+struct SdpaKeyHash {
+  std::size_t operator()(const SdpaKey& k) const noexcept;
+};
+
+// Checks a packed qkv [B, S, 3, H, D] and an output [B, S, H, D] (contiguous, one dtype among
+// float16/bfloat16, D a multiple of 8 up to 256, same device) and returns the graph key. Host
+// logic only: runs on CPU tensors too.
+SdpaKey packed_qkv_key(const at::Tensor& qkv, const at::Tensor& out, float scale);
+
+// A cuDNN handle and the graphs built on it, for one device. packed_qkv() may be called from
+// several threads (a lock covers the handle), its work goes to the current stream.
+class Attention {
+ public:
+  explicit Attention(c10::Device device);
+  ~Attention();
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
+  // out[b, s, h, :] = softmax(scale * Q K^T) V for every batch entry and head.
+  void packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float scale);
+
+  std::size_t graphs_cached() const;
+
+ private:
+  struct Plan;
+  c10::Device device_;
+  void* handle_ = nullptr;  // cudnnHandle_t
+  mutable std::mutex mu_;
+  std::unordered_map<SdpaKey, std::shared_ptr<Plan>, SdpaKeyHash> plans_;
+};
+
+}  // namespace sapiens_seg::kernels::cudnn_hacc

@@ -1,0 +1,191 @@
+// seg_up host code: weight preparation, the head's schedule of GEMMs and kernels, and the
+// upsample + argmax entry point.
+#include "kernels/seg_up/head.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+#include "kernels/fastbb/fastbb.hpp"
+#include "kernels/seg_up/launch.hpp"
+
+namespace sapiens_seg::kernels::seg_up {
+namespace {
+
+constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d's default in VitHead
+constexpr std::int64_t kTileRows = 16384;  // rows of the 1x1 convolutions' scratch tile
+
+cudaStream_t stream_of(const at::Tensor& t) {
+  return at::cuda::getCurrentCUDAStream(t.device().index());
+}
+
+}  // namespace
+
+HeadWeights prepare_head(const std::array<at::Tensor, 3>& deconv,
+                         const std::array<at::Tensor, 3>& conv_w,
+                         const std::array<at::Tensor, 3>& conv_b, const at::Tensor& seg_w,
+                         const at::Tensor& seg_b, c10::Device device, at::ScalarType dtype) {
+  HeadWeights h;
+  // Conversion on the host, then one upload of the converted tensor: the device never holds a
+  // float32 copy of a weight it runs in 16 bits.
+  auto put = [&](const at::Tensor& t) { return t.to(dtype).contiguous().to(device); };
+  for (int s = 0; s < 3; ++s) {
+    const at::Tensor& d = deconv[s];
+    TORCH_CHECK(d.dim() == 4 && d.size(2) == 4 && d.size(3) == 4, "prepare_head: deconvolution ", s,
+                " must be [in, out, 4, 4], got ", d.sizes());
+    h.deconv[s] = put(d.permute({2, 3, 1, 0}));  // [ky, kx, out, in]
+    const at::Tensor& c = conv_w[s];
+    TORCH_CHECK(c.dim() == 4 && c.size(0) == c.size(1) && c.size(2) == 1 && c.size(3) == 1,
+                "prepare_head: conv ", s, " must be [HC, HC, 1, 1], got ", c.sizes());
+    h.conv_w[s] = put(c.reshape({c.size(0), c.size(1)}));
+    h.conv_b[s] = put(conv_b[s]);
+  }
+  TORCH_CHECK(seg_w.dim() == 4 && seg_w.size(2) == 1 && seg_w.size(3) == 1,
+              "prepare_head: conv_seg must be [K, HC, 1, 1], got ", seg_w.sizes());
+  h.classes = seg_w.size(0);
+  const std::int64_t Kp = (h.classes + 7) / 8 * 8;
+  h.seg_w = put(
+      at::constant_pad_nd(seg_w.reshape({h.classes, seg_w.size(1)}), {0, 0, 0, Kp - h.classes}));
+  h.seg_b = put(at::constant_pad_nd(seg_b, {0, Kp - h.classes}));
+  return h;
+}
+
+std::pair<at::Tensor, at::Tensor> channel_stats(const at::Tensor& x, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.is_cuda(),
+              "channel_stats: x must be a contiguous CUDA [P, C] matrix");
+  const std::int64_t P = x.size(0), C = x.size(1);
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor partials = at::empty({std::max<std::int64_t>(channel_stats_scratch(P, C), 1)}, f32);
+  at::Tensor scale = at::empty({C}, f32), shift = at::empty({C}, f32);
+  launch_channel_stats(to_dtype(x.scalar_type()), x.const_data_ptr(), P, C, static_cast<float>(eps),
+                       partials.data_ptr<float>(), scale.data_ptr<float>(), shift.data_ptr<float>(),
+                       stream_of(x));
+  return {scale, shift};
+}
+
+void norm_silu_(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.is_cuda(),
+              "norm_silu_: x must be a contiguous CUDA [P, C] matrix");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && shift.scalar_type() == at::kFloat &&
+                  scale.numel() == x.size(1) && shift.numel() == x.size(1),
+              "norm_silu_: scale and shift must be float32 [", x.size(1), "]");
+  launch_norm_silu(to_dtype(x.scalar_type()), x.data_ptr(), scale.const_data_ptr<float>(),
+                   shift.const_data_ptr<float>(), x.size(0), x.size(1), stream_of(x));
+}
+
+at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tensor& feat,
+                        std::int64_t gh, std::int64_t gw) {
+  TORCH_CHECK(feat.dim() == 2 && feat.size(0) == gh * gw && feat.is_contiguous() && feat.is_cuda(),
+              "head_forward: feat must be a contiguous CUDA [", gh * gw, ", C] matrix, got ",
+              feat.sizes());
+  const c10::cuda::CUDAGuard guard(feat.device());
+  const DType t = to_dtype(feat.scalar_type());
+  const cudaStream_t stream = stream_of(feat);
+  const std::int64_t HC = w.conv_w[0].size(0);
+  const auto opts = feat.options();
+
+  at::Tensor act = feat;    // [H * W, channels]
+  at::Tensor scale, shift;  // undefined: act is used as is (the LayerNorm output)
+  std::int64_t H = gh, W = gw;
+  for (int s = 0; s < 3; ++s) {
+    const std::int64_t Cin = act.size(1), Wp = W + 2, M = H * Wp;
+    at::Tensor padded = at::zeros({padded_rows(H, W), Cin}, opts);
+    launch_pad_norm_silu(t, act.const_data_ptr(),
+                         scale.defined() ? scale.const_data_ptr<float>() : nullptr,
+                         shift.defined() ? shift.const_data_ptr<float>() : nullptr,
+                         padded.data_ptr(), H, W, Cin, stream);
+    at::Tensor y = at::empty({4 * H * W, HC}, opts);
+    at::Tensor plane = at::empty({M, HC}, opts);
+    for (int py = 0; py < 2; ++py) {
+      for (int px = 0; px < 2; ++px) {
+        bool first = true;
+        for (const auto& ty : kTaps[py]) {
+          for (const auto& tx : kTaps[px]) {
+            const at::Tensor a = padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp), M);
+            gemm.linear(a, w.deconv[s][ty[1]][tx[1]], at::Tensor(), first ? at::Tensor() : plane,
+                        fastbb::Activation::kNone, plane);
+            first = false;
+          }
+        }
+        launch_scatter_parity(t, plane.const_data_ptr(), y.data_ptr(), H, W, Wp, HC, py, px,
+                              stream);
+      }
+    }
+    padded = at::Tensor();
+    plane = at::Tensor();
+    std::tie(scale, shift) = channel_stats(y, kInstanceNormEps);
+    act = y;
+    H *= 2;
+    W *= 2;
+  }
+
+  const std::int64_t P = H * W;
+  at::Tensor tile = at::empty({std::min(kTileRows, P), HC}, opts);
+  for (int s = 0; s < 3; ++s) {
+    norm_silu_(act, scale, shift);
+    for (std::int64_t r = 0; r < P; r += kTileRows) {
+      const std::int64_t n = std::min(kTileRows, P - r);
+      const at::Tensor out = tile.narrow(0, 0, n);
+      gemm.linear(act.narrow(0, r, n), w.conv_w[s], w.conv_b[s], at::Tensor(),
+                  fastbb::Activation::kNone, out);
+      act.narrow(0, r, n).copy_(out);
+    }
+    std::tie(scale, shift) = channel_stats(act, kInstanceNormEps);
+  }
+  tile = at::Tensor();
+  norm_silu_(act, scale, shift);
+  at::Tensor logits = at::empty({P, w.seg_w.size(0)}, opts);
+  gemm.linear(act, w.seg_w, w.seg_b, at::Tensor(), fastbb::Activation::kNone, logits);
+  return logits;
+}
+
+at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps) {
+  TORCH_CHECK(x.dim() == 3 && taps.dim() == 4 && taps.size(0) == 4 && taps.size(1) == 4 &&
+                  taps.size(3) == x.size(2),
+              "subpixel_deconv_reference: x [H, W, Cin] and taps [4, 4, Cout, Cin] expected");
+  const std::int64_t H = x.size(0), W = x.size(1), Cin = x.size(2), Cout = taps.size(2);
+  const std::int64_t Wp = W + 2, M = H * Wp;
+  at::Tensor padded = at::zeros({padded_rows(H, W), Cin}, x.options());
+  padded.narrow(0, 0, (H + 2) * Wp)
+      .view({H + 2, Wp, Cin})
+      .slice(0, 1, H + 1)
+      .slice(1, 1, W + 1)
+      .copy_(x);
+  at::Tensor y = at::empty({H, 2, W, 2, Cout}, x.options());
+  for (int py = 0; py < 2; ++py) {
+    for (int px = 0; px < 2; ++px) {
+      at::Tensor plane = at::zeros({M, Cout}, x.options());
+      for (const auto& ty : kTaps[py]) {
+        for (const auto& tx : kTaps[px]) {
+          plane.addmm_(padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp), M),
+                       taps[ty[1]][tx[1]].t());
+        }
+      }
+      y.select(3, px).select(1, py).copy_(plane.view({H, Wp, Cout}).narrow(1, 0, W));
+    }
+  }
+  return y.view({2 * H, 2 * W, Cout});
+}
+
+void upsample_argmax(const at::Tensor& logits, std::int64_t classes, const at::Tensor& labels) {
+  TORCH_CHECK(logits.dim() == 3 && logits.stride(2) == 1 && logits.stride(1) == logits.size(2) &&
+                  logits.stride(0) == logits.size(1) * logits.size(2),
+              "upsample_argmax: logits must be a contiguous [h, w, channels] tensor, got ",
+              logits.sizes());
+  TORCH_CHECK(classes >= 1 && classes <= logits.size(2) && classes <= 256,
+              "upsample_argmax: ", classes, " classes of ", logits.size(2),
+              " channels (at most 256 fit uint8 labels)");
+  TORCH_CHECK(labels.dim() == 2 && labels.is_contiguous() && labels.scalar_type() == at::kByte,
+              "upsample_argmax: labels must be a contiguous uint8 [H, W] tensor");
+  TORCH_CHECK(logits.is_cuda() && labels.device() == logits.device(),
+              "upsample_argmax: logits and labels must be on one CUDA device");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  launch_upsample_argmax(to_dtype(logits.scalar_type()), logits.const_data_ptr(), logits.size(0),
+                         logits.size(1), static_cast<int>(classes), logits.size(2),
+                         labels.data_ptr<std::uint8_t>(), labels.size(0), labels.size(1),
+                         stream_of(logits));
+}
+
+}  // namespace sapiens_seg::kernels::seg_up

@@ -1,0 +1,409 @@
+// The kernels backend on a GPU (ctest label `gpu`; tools/gpu_check.sh runs it on the GPU
+// machine). Every test skips, saying why, where no CUDA device of compute capability 8.0 or
+// newer is present.
+//
+//  - each kernel against its ATen reference computed in float32 (float64 for the statistics),
+//    for every element type it supports and every head dim (60, 64, 76, 80), on random inputs,
+//    with the output poisoned (NaN, or 255 for labels) before each run so that an element the
+//    kernel never writes fails the comparison; errors are relative to the reference's largest
+//    magnitude, with a bound per element type;
+//  - whole-network parity of the portable and kernels modes in float16 against the reference
+//    logits of the authors' network (fixtures tiny_b and wide_0.3b): mean |diff| <= 0.05,
+//    99th percentile <= 0.25, labels at the image size agreeing on >= 99.5 % of the pixels.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "core/backends.hpp"
+#include "core/checkpoint.hpp"
+#include "core/tensor_ops.hpp"
+#include "kernels/cudnn_hacc/attention.hpp"
+#include "kernels/fastbb/fastbb.hpp"
+#include "kernels/seg_up/head.hpp"
+#include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
+
+using namespace sapiens_seg;
+namespace fs = std::filesystem;
+namespace cudnn_hacc = sapiens_seg::kernels::cudnn_hacc;
+namespace fastbb = sapiens_seg::kernels::fastbb;
+namespace seg_up = sapiens_seg::kernels::seg_up;
+
+namespace {
+
+std::string gpu_unavailable() {
+  if (!at::hasCUDA()) {
+    return "no CUDA device here: these tests run on a machine with an NVIDIA GPU "
+           "(tools/gpu_check.sh)";
+  }
+  const auto [major, minor] = core::cuda_capability(0);
+  if (major < core::kKernelsMinMajor) {
+    return "cuda:0 has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+           "; the kernels need 8.0 or newer";
+  }
+  return "";
+}
+
+#define REQUIRE_GPU()                           \
+  do {                                          \
+    const std::string why_ = gpu_unavailable(); \
+    if (!why_.empty()) GTEST_SKIP() << why_;    \
+  } while (0)
+
+const c10::Device kGpu(c10::kCUDA, 0);
+
+// Relative error bound per element type (of the reference's largest magnitude).
+double bound(at::ScalarType t) {
+  return t == at::kFloat ? 1e-4 : t == at::kHalf ? 6e-3 : 4e-2;
+}
+
+double rel_err(const at::Tensor& got, const at::Tensor& ref) {
+  const at::Tensor g = got.to(at::kCPU, at::kDouble), r = ref.to(at::kCPU, at::kDouble);
+  const double scale = std::max(r.abs().max().item<double>(), 1e-6);
+  const double d = (g - r).abs().max().item<double>();  // NaN (poison) propagates
+  return std::isnan(d) ? std::numeric_limits<double>::infinity() : d / scale;
+}
+
+at::Tensor poisoned(at::IntArrayRef sizes, at::ScalarType t) {
+  return at::full(sizes, std::numeric_limits<float>::quiet_NaN(),
+                  at::TensorOptions().dtype(t).device(kGpu));
+}
+
+const at::ScalarType kAllTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
+
+}  // namespace
+
+TEST(GpuKernels, DeviceIsUsable) {
+  REQUIRE_GPU();
+  EXPECT_EQ(core::kernels_unavailable_reason(kGpu), "");
+  const cudaDeviceProp* p = at::cuda::getDeviceProperties(0);
+  std::printf("device: %s, compute capability %d.%d\n", p->name, p->major, p->minor);
+}
+
+TEST(GpuKernels, LayerNorm) {
+  REQUIRE_GPU();
+  at::manual_seed(1);
+  for (at::ScalarType t : kAllTypes) {
+    for (auto [M, C] : {std::pair<int64_t, int64_t>{3072, 1024}, {33, 1536}, {7, 60}, {5, 1}}) {
+      // Non-zero mean, as the residual stream has: the fp32 two-pass statistics must hold.
+      const at::Tensor x = (at::randn({M, C}) * 3 + 5).to(kGpu, t);
+      const at::Tensor w = at::randn({C}).to(kGpu, t), b = at::randn({C}).to(kGpu, t);
+      const at::Tensor ref =
+          at::layer_norm(x.to(at::kFloat), {C}, w.to(at::kFloat), b.to(at::kFloat), 1e-6);
+      const at::Tensor out = poisoned({M, C}, t);
+      fastbb::layer_norm(x, w, b, 1e-6, out);
+      EXPECT_LE(rel_err(out, ref), bound(t)) << t << " " << M << "x" << C;
+      // In place (x == out) is allowed.
+      const at::Tensor y = x.clone();
+      fastbb::layer_norm(y, w, b, 1e-6, y);
+      EXPECT_LE(rel_err(y, ref), bound(t)) << "in place " << t;
+    }
+  }
+}
+
+TEST(GpuKernels, GeluErf) {
+  REQUIRE_GPU();
+  at::manual_seed(2);
+  for (at::ScalarType t : kAllTypes) {
+    for (int64_t n : {int64_t{3072} * 4096, int64_t{1001}}) {
+      const at::Tensor x = (at::randn({n}) * 3).to(kGpu, t);
+      const at::Tensor ref = at::gelu(x.to(at::kFloat));  // approximate="none": erf
+      const at::Tensor y = x.clone();
+      fastbb::gelu_erf_(y);
+      EXPECT_LE(rel_err(y, ref), bound(t)) << t << " n=" << n;
+    }
+  }
+}
+
+TEST(GpuKernels, GemmEpilogues) {
+  REQUIRE_GPU();
+  at::manual_seed(3);
+  fastbb::Gemm gemm(kGpu);
+  using A = fastbb::Activation;
+  struct Shape {
+    int64_t M, K, N;
+  };
+  for (at::ScalarType t : kAllTypes) {
+    for (const Shape s : {Shape{300, 256, 384}, Shape{3072, 1024, 3072}, Shape{33, 80, 28}}) {
+      const auto f = [&](at::IntArrayRef sz, double sc) {
+        return (at::randn(sz) * sc).to(kGpu, t);
+      };
+      const at::Tensor x = f({s.M, s.K}, 1.0), w = f({s.N, s.K}, 1.0 / std::sqrt(double(s.K)));
+      const at::Tensor b = f({s.N}, 1.0), r = f({s.M, s.N}, 1.0);
+      const at::Tensor xf = x.to(at::kFloat), wf = w.to(at::kFloat), bf = b.to(at::kFloat);
+      const at::Tensor lin = at::addmm(bf, xf, wf.t());
+      const std::string what = std::string(c10::toString(t)) + " " + std::to_string(s.M) + "x" +
+                               std::to_string(s.K) + "x" + std::to_string(s.N);
+
+      at::Tensor out = poisoned({s.M, s.N}, t);
+      gemm.linear(x, w, b, {}, A::kNone, out);
+      EXPECT_LE(rel_err(out, lin), bound(t)) << "bias " << what;
+
+      out = poisoned({s.M, s.N}, t);
+      gemm.linear(x, w, {}, {}, A::kNone, out);
+      EXPECT_LE(rel_err(out, at::mm(xf, wf.t())), bound(t)) << "no bias " << what;
+
+      out = poisoned({s.M, s.N}, t);
+      gemm.linear(x, w, b, {}, A::kGeluErf, out);
+      EXPECT_LE(rel_err(out, at::gelu(lin)), bound(t)) << "bias+gelu(erf) " << what;
+
+      out = poisoned({s.M, s.N}, t);
+      gemm.linear(x, w, b, {}, A::kGeluTanhEpilogue, out);
+      EXPECT_LE(rel_err(out, at::gelu(lin, "tanh")), bound(t)) << "bias+gelu(tanh) " << what;
+
+      out = poisoned({s.M, s.N}, t);
+      gemm.linear(x, w, b, r, A::kNone, out);
+      EXPECT_LE(rel_err(out, lin + r.to(at::kFloat)), bound(t)) << "bias+residual " << what;
+
+      out = r.clone();  // in place: the residual stream update
+      gemm.linear(x, w, b, out, A::kNone, out);
+      EXPECT_LE(rel_err(out, lin + r.to(at::kFloat)), bound(t)) << "in-place residual " << what;
+
+      // A row block of a larger buffer (the head's shifted tap blocks).
+      const at::Tensor big = f({s.M + 5, s.K}, 1.0);
+      out = poisoned({s.M, s.N}, t);
+      gemm.linear(big.narrow(0, 3, s.M), w, {}, {}, A::kNone, out);
+      EXPECT_LE(rel_err(out, at::mm(big.narrow(0, 3, s.M).to(at::kFloat), wf.t())), bound(t))
+          << "offset rows " << what;
+    }
+  }
+  EXPECT_GT(gemm.plans_cached(), 0u);
+}
+
+TEST(GpuKernels, AttentionEveryHeadDim) {
+  REQUIRE_GPU();
+  at::manual_seed(4);
+  cudnn_hacc::Attention attn(kGpu);
+  for (at::ScalarType t : {at::kHalf, at::kBFloat16}) {
+    for (int64_t hd : {60, 64, 76, 80}) {
+      for (auto [B, S, H] : {std::tuple<int64_t, int64_t, int64_t>{2, 197, 3}, {1, 3072, 4}}) {
+        const int64_t hdp = cudnn_hacc::padded_head_dim(hd);
+        const at::Tensor q = at::randn({B, S, H, hd}), k = at::randn({B, S, H, hd}),
+                         v = at::randn({B, S, H, hd});
+        // Packed [B, S, 3, H, hdp], zero-padded as the padded qkv weights produce it.
+        const at::Tensor packed =
+            at::constant_pad_nd(at::stack({q, k, v}, 2), {0, hdp - hd}).to(kGpu, t).contiguous();
+        const float scale = static_cast<float>(1.0 / std::sqrt(double(hd)));
+        const at::Tensor out = poisoned({B, S, H, hdp}, t);
+        attn.packed_qkv(packed, out, scale);
+        const auto up = [&](const at::Tensor& a) {  // the values the kernel saw, as fp32
+          return a.to(kGpu, t).to(at::kFloat).transpose(1, 2);
+        };
+        const at::Tensor ref =
+            at::scaled_dot_product_attention(up(q), up(k), up(v), {}, 0.0, false, double(scale))
+                .transpose(1, 2);  // [B, S, H, hd]
+        const std::string what =
+            std::string(c10::toString(t)) + " hd " + std::to_string(hd) + " S " + std::to_string(S);
+        EXPECT_LE(rel_err(out.narrow(3, 0, hd), ref), bound(t)) << what;
+        if (hdp > hd) {
+          EXPECT_EQ(out.narrow(3, hd, hdp - hd).abs().max().item<float>(), 0.f)
+              << "padding columns " << what;
+        }
+      }
+    }
+  }
+  const std::size_t graphs = attn.graphs_cached();
+  EXPECT_EQ(graphs, 2u * 4u * 2u);  // one per (dtype, head dim, shape)
+  // Same shape again: the cached graph, no new build.
+  const at::Tensor qkv = at::randn({2, 197, 3, 3, 64}).to(kGpu, at::kHalf);
+  attn.packed_qkv(qkv, at::empty({2, 197, 3, 64}, qkv.options()), 0.125f);
+  EXPECT_EQ(attn.graphs_cached(), graphs);
+}
+
+TEST(GpuKernels, InstanceNormStatsAndSilu) {
+  REQUIRE_GPU();
+  at::manual_seed(5);
+  for (at::ScalarType t : kAllTypes) {
+    for (auto [P, C] : {std::pair<int64_t, int64_t>{196608, 96}, {1000, 33}, {12, 768}}) {
+      const at::Tensor x = (at::randn({P, C}) * 2 + 10).to(kGpu, t);  // |mean| >> std
+      const auto [scale, shift] = seg_up::channel_stats(x, 1e-5);
+      const auto [var, mean] = at::var_mean(x.to(at::kDouble), {0}, 0, false);
+      const at::Tensor rstd = (var + 1e-5).rsqrt();
+      EXPECT_LE(rel_err(scale, rstd), 1e-4) << t << " " << P << "x" << C;
+      EXPECT_LE(rel_err(shift, -mean * rstd), 1e-3) << t << " " << P << "x" << C;
+      const at::Tensor y = x.clone();
+      seg_up::norm_silu_(y, scale, shift);
+      const at::Tensor ref =
+          at::silu((x.to(at::kFloat) - mean.to(at::kFloat)) * rstd.to(at::kFloat));
+      EXPECT_LE(rel_err(y, ref), bound(t)) << t;
+    }
+  }
+}
+
+// The whole head on the GPU against the head of the authors' module on ATen (ConvTranspose2d,
+// InstanceNorm2d, SiLU, 1x1 convolutions) in float32.
+TEST(GpuKernels, DecoderHead) {
+  REQUIRE_GPU();
+  at::manual_seed(6);
+  fastbb::Gemm gemm(kGpu);
+  const int64_t C = 64, HC = 32, K = 28;
+  for (at::ScalarType t : kAllTypes) {
+    for (auto [gh, gw] : {std::pair<int64_t, int64_t>{4, 3}, {16, 12}}) {
+      std::array<at::Tensor, 3> deconv{at::randn({C, HC, 4, 4}) * 0.1,
+                                       at::randn({HC, HC, 4, 4}) * 0.1,
+                                       at::randn({HC, HC, 4, 4}) * 0.1};
+      std::array<at::Tensor, 3> conv_w, conv_b;
+      for (int s = 0; s < 3; ++s) {
+        conv_w[s] = at::randn({HC, HC, 1, 1}) * 0.2;
+        conv_b[s] = at::randn({HC});
+      }
+      const at::Tensor seg_w = at::randn({K, HC, 1, 1}) * 0.2, seg_b = at::randn({K});
+      const seg_up::HeadWeights hw =
+          seg_up::prepare_head(deconv, conv_w, conv_b, seg_w, seg_b, kGpu, t);
+      const at::Tensor feat = at::randn({gh * gw, C}).to(kGpu, t);
+
+      auto norm_silu = [](const at::Tensor& y) {
+        return at::silu(at::instance_norm(y, {}, {}, {}, {}, true, 0.1, 1e-5, false));
+      };
+      at::Tensor x = feat.to(at::kFloat).view({1, gh, gw, C}).permute({0, 3, 1, 2});
+      for (int s = 0; s < 3; ++s) {
+        x = norm_silu(at::conv_transpose2d(x, deconv[s].to(kGpu, t).to(at::kFloat), {}, 2, 1));
+      }
+      for (int s = 0; s < 3; ++s) {
+        x = norm_silu(at::conv2d(x, conv_w[s].to(kGpu, t).to(at::kFloat),
+                                 conv_b[s].to(kGpu, t).to(at::kFloat)));
+      }
+      const at::Tensor ref =
+          at::conv2d(x, seg_w.to(kGpu, t).to(at::kFloat), seg_b.to(kGpu, t).to(at::kFloat))[0];
+
+      const at::Tensor got = seg_up::head_forward(gemm, hw, feat.contiguous(), gh, gw);
+      ASSERT_EQ(got.sizes(), (at::IntArrayRef{64 * gh * gw, 32}));
+      const at::Tensor logits = got.narrow(1, 0, K).view({8 * gh, 8 * gw, K}).permute({2, 0, 1});
+      // Six normalisations deep: the half types get a looser bound.
+      EXPECT_LE(rel_err(logits, ref), t == at::kFloat ? 1e-3 : 6 * bound(t))
+          << t << " " << gh << "x" << gw;
+    }
+  }
+}
+
+TEST(GpuKernels, UpsampleArgmaxEqualsTheCpuPath) {
+  REQUIRE_GPU();
+  at::manual_seed(7);
+  for (at::ScalarType t : kAllTypes) {
+    for (auto [h, w, H, W] : {std::tuple<int, int, int, int>{512, 384, 3000, 4000},
+                              {512, 384, 1024, 768},
+                              {64, 48, 33, 47},
+                              {7, 5, 1, 1}}) {
+      const int K = 28, ld = 32;
+      const at::Tensor cl = (at::randn({h, w, ld}) * 3).to(kGpu, t);
+      at::Tensor labels = at::full({H, W}, 255, at::TensorOptions().dtype(at::kByte).device(kGpu));
+      seg_up::upsample_argmax(cl, K, labels);
+      // The CPU path on the same values (as float32): the same arithmetic, so equal labels.
+      const at::Tensor logits =
+          cl.narrow(2, 0, K).to(at::kCPU, at::kFloat).permute({2, 0, 1}).contiguous();
+      std::vector<std::uint8_t> ref(static_cast<size_t>(H) * W);
+      core::upsample_argmax(logits, H, W, ref.data());
+      const at::Tensor got = labels.cpu();
+      const int64_t differ =
+          (got != at::from_blob(ref.data(), {H, W}, at::kByte)).sum().item<int64_t>();
+      EXPECT_EQ(differ, 0) << t << " " << h << "x" << w << " -> " << H << "x" << W;
+    }
+  }
+}
+
+TEST(GpuKernels, KernelsModeRefusesFloat32) {
+  REQUIRE_GPU();
+  core::TorchScriptCheckpoint ckpt;
+  core::v1::Config cfg;
+  try {
+    core::make_kernels_v1(ckpt, cfg, kGpu, at::kFloat);
+    FAIL() << "expected Error(kBackendUnavailable)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBackendUnavailable);
+    EXPECT_NE(std::string(e.what()).find("float16 or bfloat16"), std::string::npos) << e.what();
+  }
+}
+
+// ---- whole-network parity against the reference logits of the authors' network ------------
+
+namespace {
+
+struct Parity {
+  double mean = 0, p99 = 0, agree = 0;
+};
+
+at::Tensor npy_tensor(const test::Array& a, at::ScalarType t) {
+  return at::from_blob(const_cast<std::uint8_t*>(a.bytes.data()), a.shape, t).clone();
+}
+
+// Logits [K, h, w] (fp32 CPU) against the reference dir's logits and image-size labels.
+Parity compare(const at::Tensor& logits, const fs::path& dir) {
+  const at::Tensor ref = npy_tensor(test::read_npy((dir / "logits.npy").string()), at::kFloat);
+  const auto labels = test::read_npy((dir / "labels.npy").string());
+  const at::Tensor d = (logits - ref).abs().flatten().to(at::kDouble);
+  Parity p;
+  p.mean = d.mean().item<double>();
+  p.p99 = std::get<0>(d.sort())
+              .select(0, static_cast<int64_t>(0.99 * double(d.numel() - 1)))
+              .item<double>();
+  const int H = static_cast<int>(labels.shape[0]), W = static_cast<int>(labels.shape[1]);
+  std::vector<std::uint8_t> got(static_cast<size_t>(H) * W);
+  core::upsample_argmax(logits.contiguous(), H, W, got.data());
+  int64_t same = 0;
+  for (size_t i = 0; i < got.size(); ++i) same += got[i] == labels.as<std::uint8_t>()[i];
+  p.agree = double(same) / double(got.size());
+  return p;
+}
+
+class GpuParity : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(GpuParity, PortableAndKernelsInFloat16MatchTheReference) {
+  REQUIRE_GPU();
+  const std::string name = GetParam();
+  const fs::path file = test::fixture(name + "_torchscript.pt2");
+  if (!fs::exists(file)) {
+    GTEST_SKIP() << file << " not built (tools/make_fixtures.py --only " << name
+                 << ", or tools/gpu_fixtures.py on the GPU machine)";
+  }
+  const core::TorchScriptCheckpoint ckpt = core::open_torchscript(file.string());
+  ASSERT_TRUE(ckpt.heads_from_graph.has_value());
+  core::v1::ConfigHints hints;
+  hints.heads = *ckpt.heads_from_graph;
+  const core::v1::Config cfg = core::v1::infer_config(ckpt.tensors, hints);
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(test::fixture("ref/" + name))) {
+    if (e.is_directory() && fs::exists(e.path() / "logits.npy") && e.path().filename() != "batch") {
+      dirs.push_back(e.path());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  ASSERT_FALSE(dirs.empty());
+
+  const auto portable = core::make_portable_v1(ckpt, cfg, kGpu, at::kHalf);
+  const auto kernels = core::make_kernels_v1(ckpt, cfg, kGpu, at::kHalf);
+  for (const auto& dir : dirs) {
+    const at::Tensor x =
+        npy_tensor(test::read_npy((dir / "input.npy").string()), at::kFloat).unsqueeze(0);
+    for (const auto* runner : {portable.get(), kernels.get()}) {
+      const at::Tensor y = runner->forward(x)[0];
+      const Parity p = compare(y, dir);
+      std::printf("parity %s %s %s fp16: mean |diff| %.4f, p99 %.4f, labels %.3f %%\n",
+                  name.c_str(), dir.filename().c_str(), runner->backend().mode.c_str(), p.mean,
+                  p.p99, 100 * p.agree);
+      const std::string what = runner->backend().mode + " " + dir.filename().string();
+      EXPECT_LE(p.mean, 0.05) << what;
+      EXPECT_LE(p.p99, 0.25) << what;
+      EXPECT_GE(p.agree, 0.995) << what;
+    }
+  }
+  // A batch of two equals the single images (kernels).
+  if (dirs.size() >= 2) {
+    const at::Tensor a = npy_tensor(test::read_npy((dirs[0] / "input.npy").string()), at::kFloat);
+    const at::Tensor b = npy_tensor(test::read_npy((dirs[1] / "input.npy").string()), at::kFloat);
+    const at::Tensor batch = kernels->forward(at::stack({a, b}));
+    const double d = (batch[0] - kernels->forward(a.unsqueeze(0))[0]).abs().max().item<double>();
+    std::printf("parity %s kernels batch-2 vs single: max |diff| %.4g\n", name.c_str(), d);
+    EXPECT_LE(d, 0.05);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuParity, ::testing::Values("tiny_b", "wide_0.3b"));
