@@ -202,7 +202,8 @@ std::unique_ptr<core::Runner> pick_runner(
 
 Loaded load_v1(Model::Impl& impl, const std::string& path, const std::optional<Card>& card,
                const LoadOptions& opt, c10::Device device, at::ScalarType dtype) {
-  auto ckpt = core::open_torchscript(path);
+  // Only the original mode runs the TorchScript module; the others read the tensors alone.
+  auto ckpt = core::open_torchscript(path, /*load_module=*/opt.mode == Mode::kOriginal);
   core::v1::ConfigHints hints;
   if (card) {
     hints.heads = card->heads;

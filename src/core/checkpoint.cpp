@@ -11,11 +11,14 @@
 #include <torch/script.h>
 
 #include "sapiens_seg/error.hpp"
+#include "torchscript_archive.hpp"
 
 namespace sapiens_seg::core {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr const char* kFirstAttention = "backbone.layers.0.attn";
 
 // A TorchScript archive is a zip file. Looking at its first and last bytes lets us tell "not an
 // archive at all" from "an archive cut short" (an interrupted copy), which LibTorch reports with
@@ -83,10 +86,15 @@ std::optional<int> heads_from_attention_graph(const torch::jit::Module& attn) {
 
 }  // namespace
 
-TorchScriptCheckpoint open_torchscript(const std::string& path) {
+TorchScriptCheckpoint open_torchscript(const std::string& path, bool load_module) {
   check_zip_container(path);
   TorchScriptCheckpoint ckpt;
   ckpt.path = path;
+  const TorchScriptArchive archive = TorchScriptArchive::open(path);
+  ckpt.tensors = archive.all();
+  ckpt.heads_from_graph = archive.attention_heads(kFirstAttention);
+  if (!load_module) return ckpt;
+
   try {
     ckpt.module = std::make_shared<torch::jit::Module>(torch::jit::load(path, at::kCPU));
   } catch (const c10::Error& e) {
@@ -95,17 +103,19 @@ TorchScriptCheckpoint open_torchscript(const std::string& path) {
     throw Error(ErrorCode::kFormatError, "cannot read TorchScript archive " + path + ": " + why);
   }
   ckpt.module->eval();
-  for (const auto& p : ckpt.module->named_parameters(/*recurse=*/true)) {
-    ckpt.tensors.emplace(p.name, p.value);
-  }
-  for (const auto& b : ckpt.module->named_buffers(/*recurse=*/true)) {
-    ckpt.tensors.emplace(b.name, b.value);
-  }
+  // The compiled graph and the code text come from the same file; disagreeing would mean the
+  // code reader misread it.
   for (const auto& m : ckpt.module->named_modules()) {
-    if (m.name == "backbone.layers.0.attn") {
-      ckpt.heads_from_graph = heads_from_attention_graph(m.value);
-      break;
+    if (m.name != kFirstAttention) continue;
+    const auto from_graph = heads_from_attention_graph(m.value);
+    if (from_graph && ckpt.heads_from_graph && *from_graph != *ckpt.heads_from_graph) {
+      throw Error(ErrorCode::kFormatError, path + ": the traced graph uses " +
+                                               std::to_string(*from_graph) +
+                                               " attention heads but its code text reads as " +
+                                               std::to_string(*ckpt.heads_from_graph));
     }
+    if (from_graph) ckpt.heads_from_graph = from_graph;
+    break;
   }
   return ckpt;
 }

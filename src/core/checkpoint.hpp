@@ -19,15 +19,21 @@ using TensorMap = std::map<std::string, at::Tensor>;
 
 struct TorchScriptCheckpoint {
   std::string path;
-  TensorMap tensors;                           // named_parameters + named_buffers, on the CPU
-  std::shared_ptr<torch::jit::Module> module;  // the traced graph, as shipped
-  // Attention head count read from the traced graph (the reshape of the fused qkv output), since
-  // no tensor shape carries it. nullopt when the graph does not show it.
+  // The module's parameters and buffers by name, in their stored dtypes: read-only CPU views over
+  // the memory-mapped archive (see torchscript_archive.hpp), so no byte is copied here.
+  TensorMap tensors;
+  // The traced graph, as shipped; only when open_torchscript was asked for it (original mode).
+  std::shared_ptr<torch::jit::Module> module;
+  // Attention head count read from the serialized code of the first attention module (the
+  // reshape of the fused qkv output), since no tensor shape carries it. nullopt when the code
+  // does not show it.
   std::optional<int> heads_from_graph;
 };
 
 // Checks the zip container first so a truncated file or a non-archive gets its own message,
-// then loads it with LibTorch. Throws Error(kNotFound / kFormatError / kIo).
-TorchScriptCheckpoint open_torchscript(const std::string& path);
+// then reads the tensors straight from the archive. `load_module` also compiles the TorchScript
+// module with LibTorch (seconds for a large file), which only the original mode needs. Throws
+// Error(kNotFound / kFormatError / kIo).
+TorchScriptCheckpoint open_torchscript(const std::string& path, bool load_module = false);
 
 }  // namespace sapiens_seg::core

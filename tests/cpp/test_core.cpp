@@ -1,11 +1,16 @@
-// Unit tests of the core (LibTorch only): post-processing, configuration checks, backends.
+// Unit tests of the core (LibTorch only): post-processing, configuration checks, backends, the
+// TorchScript archive reader.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/script.h>
+
+#include <map>
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/tensor_ops.hpp"
+#include "core/torchscript_archive.hpp"
 #include "core/v1/vit_seg.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
@@ -73,6 +78,21 @@ TEST(UnitUpsampleArgmax, LabelsOnlyEqualsWithFullLogits) {
   core::upsample_argmax(logits, 100, 77, a.data());
   core::upsample_argmax(logits, 100, 77, b.data(), full.data());
   EXPECT_EQ(a, b);
+}
+
+TEST(UnitUpsampleArgmax, LabelsOnlyShortcutOnLargeUpscales) {
+  // Smooth logits (a low-resolution field upsampled), as a network gives, at a 12x upscale: the
+  // labels-only path blends only where the source pixels disagree, and must agree with the full
+  // blend everywhere.
+  at::manual_seed(2);
+  const at::Tensor logits =
+      at::upsample_bilinear2d(at::randn({1, 28, 8, 6}), {48, 36}, false)[0].contiguous();
+  const int H = 600, W = 431;
+  std::vector<std::uint8_t> fast(static_cast<size_t>(H) * W), full(fast.size());
+  std::vector<float> full_logits(static_cast<size_t>(28) * H * W);
+  core::upsample_argmax(logits, H, W, fast.data());
+  core::upsample_argmax(logits, H, W, full.data(), full_logits.data());
+  EXPECT_EQ(fast, full);
 }
 
 TEST(UnitUpsampleArgmax, TiesGoToTheLowerClass) {
@@ -181,4 +201,225 @@ TEST(UnitNetwork, BFloat16StaysCloseToFloat32) {
               mean_diff, agree);
   EXPECT_LT(mean_diff, 0.1);
   EXPECT_GT(agree, 0.9);
+}
+
+// ---- the TorchScript archive reader ------------------------------------------------------------
+
+namespace {
+
+void put16(std::string& s, std::uint32_t v) {
+  s += static_cast<char>(v & 0xFF);
+  s += static_cast<char>((v >> 8) & 0xFF);
+}
+void put32(std::string& s, std::uint32_t v) {
+  put16(s, v & 0xFFFF);
+  put16(s, v >> 16);
+}
+
+// A zip of stored records under one top folder, as torch lays them out (without alignment
+// padding, which the reader does not need). `declared` overrides a record's size in both headers.
+std::shared_ptr<const std::vector<std::uint8_t>> make_zip(
+    const std::vector<std::pair<std::string, std::string>>& files,
+    const std::map<std::string, std::uint32_t>& declared = {}) {
+  std::string out, central;
+  for (const auto& [rel, data] : files) {
+    const std::string name = "archive/" + rel;
+    const auto it = declared.find(rel);
+    const std::uint32_t size =
+        it == declared.end() ? static_cast<std::uint32_t>(data.size()) : it->second;
+    const auto offset = static_cast<std::uint32_t>(out.size());
+    out += "PK\x03\x04";
+    put16(out, 20), put16(out, 0), put16(out, 0), put16(out, 0), put16(out, 0);
+    put32(out, 0), put32(out, size), put32(out, size);
+    put16(out, static_cast<std::uint32_t>(name.size())), put16(out, 0);
+    out += name + data;
+    central += "PK\x01\x02";
+    put16(central, 20), put16(central, 20), put16(central, 0), put16(central, 0);
+    put16(central, 0), put16(central, 0);
+    put32(central, 0), put32(central, size), put32(central, size);
+    put16(central, static_cast<std::uint32_t>(name.size()));
+    put16(central, 0), put16(central, 0), put16(central, 0), put16(central, 0);
+    put32(central, 0), put32(central, offset);
+    central += name;
+  }
+  const auto cd_offset = static_cast<std::uint32_t>(out.size());
+  out += central;
+  out += "PK\x05\x06";
+  put16(out, 0), put16(out, 0);
+  put16(out, static_cast<std::uint32_t>(files.size())),
+      put16(out, static_cast<std::uint32_t>(files.size()));
+  put32(out, static_cast<std::uint32_t>(central.size())), put32(out, cd_offset), put16(out, 0);
+  return std::make_shared<const std::vector<std::uint8_t>>(out.begin(), out.end());
+}
+
+std::string unicode(const std::string& s) {
+  std::string r = "X";
+  put32(r, static_cast<std::uint32_t>(s.size()));
+  return r + s;
+}
+
+// data.pkl of a module `__torch__.m.Root` with one child `attn` (class __torch__.m.Attn) holding
+// the tensor `w`: storage `key` of `storage_type` with `numel` elements, viewed as [n] from
+// `offset`.
+std::string pickle_tensor(const std::string& storage_type, int numel, int n, int offset = 0) {
+  std::string p = "\x80\x02";
+  p += "c__torch__.m\nRoot\n)\x81}(" + unicode("attn");
+  p += "c__torch__.m\nAttn\n)\x81}(" + unicode("w");
+  p += "ctorch._utils\n_rebuild_tensor_v2\n(";
+  p += "(" + unicode("storage") + "ctorch\n" + storage_type + "\n" + unicode("0") + unicode("cpu") +
+       "K" + static_cast<char>(numel) + "tQ";
+  p += std::string("K") + static_cast<char>(offset);
+  p += std::string("K") + static_cast<char>(n) + "\x85";
+  p += "K\x01\x85\x89";
+  p += "ccollections\nOrderedDict\n)Rt";
+  p += "Rub";  // REDUCE, SETITEMS, BUILD (attn)
+  p += "ub.";  // SETITEMS, BUILD (root), STOP
+  return p;
+}
+
+const char* kAttnCode =
+    "class Root(Module):\n  __parameters__ = []\n"
+    "class Attn(Module):\n  __parameters__ = [\"w\", ]\n"
+    "  def forward(self: __torch__.m.Attn, x: Tensor) -> Tensor:\n"
+    "    _0 = torch.reshape((self.qkv).forward(x, ), [_1, _2, 3, 4, 16])\n"
+    "    return torch.reshape(_0, [_1, _2, 64])\n";
+
+std::string floats(std::initializer_list<float> v) {
+  return std::string(reinterpret_cast<const char*>(std::data(v)), v.size() * sizeof(float));
+}
+
+template <typename Fn>
+void expect_format_error(Fn fn, std::initializer_list<const char*> parts) {
+  expect_error(fn, ErrorCode::kFormatError, parts);
+}
+
+}  // namespace
+
+TEST(UnitArchive, TensorsMatchTorchJitLoad) {
+  const std::string path = fixture("tiny_a_torchscript.pt2");
+  const auto archive = core::TorchScriptArchive::open(path);
+  const core::TensorMap ours = archive.all();
+  const auto module = torch::jit::load(path, at::kCPU);
+  std::size_t n = 0;
+  auto check = [&](const std::string& name, const at::Tensor& ref) {
+    ++n;
+    auto it = ours.find(name);
+    ASSERT_NE(it, ours.end()) << name;
+    EXPECT_EQ(it->second.scalar_type(), ref.scalar_type()) << name;
+    EXPECT_TRUE(at::equal(it->second, ref)) << name;
+  };
+  for (const auto& p : module.named_parameters(true)) check(p.name, p.value);
+  for (const auto& b : module.named_buffers(true)) check(b.name, b.value);
+  EXPECT_EQ(n, ours.size());
+  EXPECT_EQ(archive.attention_heads("backbone.layers.0.attn"), 2);
+  EXPECT_EQ(archive.attention_heads("backbone.layers.1.attn"), 2);  // a mangled class
+  EXPECT_EQ(archive.attention_heads("backbone"), std::nullopt);
+  // Views, not copies: the weights stay in the mapped file.
+  const char* key = "backbone.layers.0.attn.qkv.weight";
+  EXPECT_EQ(archive.all().at(key).data_ptr(), ours.at(key).data_ptr());
+  EXPECT_EQ(core::open_torchscript(path).heads_from_graph, 2);
+  EXPECT_EQ(core::open_torchscript(path).module, nullptr);
+  EXPECT_NE(core::open_torchscript(path, /*load_module=*/true).module, nullptr);
+}
+
+TEST(UnitArchive, HandBuiltArchive) {
+  const auto zip = make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 3, 1)},
+                             {"code/__torch__/m.py", kAttnCode},
+                             {"data/0", floats({1.f, 2.f, 3.f, 4.f})},
+                             {"byteorder", "little"}});
+  const auto a = core::TorchScriptArchive::from_buffer(zip, "hand.pt2");
+  ASSERT_EQ(a.tensors().size(), 1u);
+  EXPECT_EQ(a.tensors()[0].name, "attn.w");
+  const at::Tensor w = a.tensor(a.tensors()[0]);
+  EXPECT_TRUE(at::equal(w, at::tensor({2.f, 3.f, 4.f})));
+  EXPECT_EQ(a.attention_heads("attn"), 4);
+  EXPECT_EQ(a.attention_heads(""), std::nullopt);  // Root's code has no such reshape
+
+  const auto half = make_zip(
+      {{"data.pkl", pickle_tensor("HalfStorage", 4, 4)}, {"data/0", std::string(8, '\0')}});
+  EXPECT_EQ(core::TorchScriptArchive::from_buffer(half).tensors()[0].dtype, at::kHalf);
+}
+
+TEST(UnitArchive, TruncatedRecordsAndArchives) {
+  // A record declaring more bytes than lie before the directory.
+  const auto zip =
+      make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 4)}, {"data/0", floats({1.f, 2.f})}},
+               {{"data/0", 4096}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(zip, "cut.pt2"); },
+                      {"cut.pt2", "data/0' is truncated", "4096 bytes declared"});
+  // A storage larger than its record.
+  const auto small =
+      make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 4)}, {"data/0", floats({1.f, 2.f})}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(small); },
+                      {"tensor 'attn.w'", "storage of 4 Float elements but a record of 8 bytes"});
+  // A view reaching past its storage.
+  const auto past = make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 4, 2)},
+                              {"data/0", floats({1.f, 2.f, 3.f, 4.f})}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(past); },
+                      {"tensor 'attn.w' reaches past its storage"});
+  const auto missing = make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 4)}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(missing); },
+                      {"storage record data/0 is missing"});
+  // The whole file cut short (the directory at its end is gone).
+  expect_format_error([] { core::TorchScriptArchive::open(fixture("broken_truncated.pt2")); },
+                      {"truncated", "end-of-central-directory"});
+  expect_format_error([] { core::TorchScriptArchive::open(fixture("broken_not_zip.pt2")); },
+                      {"no zip signature"});
+  expect_format_error(
+      [] {
+        core::TorchScriptArchive::from_buffer(make_zip({{"x", "y"}}));
+      },
+      {"no data.pkl record"});
+}
+
+TEST(UnitArchive, BadPickles) {
+  auto open_with = [](std::string pkl) {
+    return [pkl] {
+      core::TorchScriptArchive::from_buffer(make_zip({{"data.pkl", pkl}}), "bad.pt2");
+    };
+  };
+  std::string full = pickle_tensor("FloatStorage", 4, 4);
+  expect_format_error(open_with(full.substr(0, full.size() - 1)),
+                      {"bad.pt2", "data.pkl", "unexpected end of the pickle"});
+  expect_format_error(open_with(full.substr(0, 40)), {"data.pkl", "unterminated GLOBAL"});
+  expect_format_error(open_with("\x80\x02t."), {"no MARK at byte 2"});
+  expect_format_error(open_with("\x80\x02h\x05."), {"unknown memo entry"});
+  expect_format_error(open_with("\x80\x02R."), {"stack underflow"});
+  expect_format_error(open_with("\x80\x02N."), {"does not hold a module"});
+  expect_format_error(open_with("\x80\x02NN."), {"unbalanced stack"});
+  expect_format_error(open_with("\x80\x02(" + unicode("storage") + "tQ."),
+                      {"persistent id is not a storage reference"});
+  expect_format_error(open_with("\x80\x02X\xff\xff\xff\x7f"
+                                "abc."),
+                      {"string longer"});
+}
+
+TEST(UnitArchive, UnknownOpcode) {
+  const auto zip = make_zip({{"data.pkl", std::string("\x80\x02\xff.", 4)}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(zip, "op.pt2"); },
+                      {"op.pt2", "unsupported pickle opcode 0xff at byte 2"});
+  // The protocol-4 opcodes torch does not write but Python's pickle would are not guessed at.
+  const auto ext = make_zip({{"data.pkl", std::string("\x80\x02\x82\x01.", 5)}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(ext); },
+                      {"unsupported pickle opcode 0x82"});
+}
+
+TEST(UnitArchive, StorageDtypes) {
+  const auto dbl = make_zip(
+      {{"data.pkl", pickle_tensor("DoubleStorage", 2, 2)}, {"data/0", std::string(16, '\0')}});
+  const auto a = core::TorchScriptArchive::from_buffer(dbl);
+  EXPECT_EQ(a.tensors()[0].dtype, at::kDouble);
+  EXPECT_EQ(a.tensor(a.tensors()[0]).scalar_type(), at::kDouble);
+  // The same bytes declared as more doubles than they hold.
+  const auto big = make_zip(
+      {{"data.pkl", pickle_tensor("DoubleStorage", 4, 4)}, {"data/0", std::string(16, '\0')}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(big); },
+                      {"storage of 4 Double elements but a record of 16 bytes"});
+  const auto q = make_zip(
+      {{"data.pkl", pickle_tensor("QInt8Storage", 4, 4)}, {"data/0", std::string(4, '\0')}});
+  expect_format_error([&] { core::TorchScriptArchive::from_buffer(q); },
+                      {"unsupported storage type torch.QInt8Storage"});
+  // A wrong (float64) parameter in a real archive reaches the layout check with its dtype.
+  const auto ck = core::open_torchscript(fixture("broken_wrong_dtype.pt2"));
+  EXPECT_EQ(ck.tensors.at("backbone.ln1.weight").scalar_type(), at::kDouble);
 }

@@ -44,7 +44,7 @@ struct Loaded {
 };
 
 Loaded load_fixture(const std::string& name) {
-  Loaded l{core::open_torchscript(fixture(name + "_torchscript.pt2")), {}};
+  Loaded l{core::open_torchscript(fixture(name + "_torchscript.pt2"), /*load_module=*/true), {}};
   core::v1::ConfigHints h;
   h.heads = *l.ckpt.heads_from_graph;
   l.cfg = core::v1::infer_config(l.ckpt.tensors, h);
@@ -60,7 +60,15 @@ std::vector<fs::path> reference_dirs(const std::string& name) {
   return dirs;
 }
 
-class ParityV1 : public ::testing::TestWithParam<std::string> {};
+class ParityV1 : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    // Only the speed check's full-size fixture may be absent (it is built on demand).
+    if (GetParam() == "full_0.3b" && !fs::exists(fixture("full_0.3b_torchscript.pt2"))) {
+      GTEST_SKIP() << "full_0.3b fixture not built (make_fixtures.py --only full_0.3b)";
+    }
+  }
+};
 
 }  // namespace
 
@@ -70,7 +78,7 @@ TEST_P(ParityV1, PortableAndOriginalMatchTheReference) {
   const auto portable = core::make_portable_v1(m.ckpt, m.cfg, cpu, at::kFloat);
   const auto original = core::make_original_v1(m.ckpt, m.cfg, cpu, at::kFloat);
   const auto dirs = reference_dirs(GetParam());
-  ASSERT_GE(dirs.size(), GetParam() == "wide_0.3b" ? 2u : 5u);
+  ASSERT_GE(dirs.size(), GetParam() == "wide_0.3b" || GetParam() == "full_0.3b" ? 2u : 5u);
   for (const auto& dir : dirs) {
     const at::Tensor x = library_input(dir);
     const at::Tensor ref_input = tensor_of(read_npy((dir / "input.npy").string()), at::kFloat);
@@ -142,3 +150,7 @@ INSTANTIATE_TEST_SUITE_P(Parity, ParityV1, ::testing::Values("tiny_a", "tiny_b")
 // The 0.3b-wide fixture (real widths: 1024 channels, 16 heads, MLP 4096, a 768-channel head; two
 // blocks) is built by `make_fixtures.py --only wide_0.3b`, which ctest runs for the `slow` label.
 INSTANTIATE_TEST_SUITE_P(Slow, ParityV1, ::testing::Values("wide_0.3b"));
+// The full 0.3B shape (24 blocks, 1.36 GB), which only the speed check uses: built on demand by
+// `make_fixtures.py --only full_0.3b`, never by ctest, and matched by no ctest filter. Run by hand
+// (minutes on 2 cores): core_tests --gtest_filter='Bench*' with SAPIENS_SEG_FIXTURES set.
+INSTANTIATE_TEST_SUITE_P(Bench, ParityV1, ::testing::Values("full_0.3b"));

@@ -49,6 +49,10 @@ class Network {
   const Config& config() const { return config_; }
 
  private:
+  // feat: [B, gh * gw, C] after the final LayerNorm; returns the logits [B, classes, 8gh, 8gw].
+  at::Tensor head_cpu(const at::Tensor& feat, int64_t gh, int64_t gw) const;
+  at::Tensor head_generic(const at::Tensor& feat, int64_t gh, int64_t gw) const;
+
   struct Block {
     at::Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
@@ -59,6 +63,7 @@ class Network {
   std::vector<Block> blocks_;
   at::Tensor ln_w_, ln_b_;
   at::Tensor deconv_w_[3], conv_w_[3], conv_b_[3], seg_w_, seg_b_;
+  at::Tensor deconv_taps_[3];  // CPU: [ky, kx, in, out], the kernel re-laid out per tap
 };
 
 }  // namespace sapiens_seg::core::v1

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Regenerate the "Performance" section of README.md from speed_check's JSON results.
+
+    python benchmarks/readme_performance.py benchmarks/results/cpu-full_0.3b.json \
+        [benchmarks/results/cpu-quick.json ...] [--readme README.md]
+
+The section sits between the markers <!-- performance:begin --> and <!-- performance:end -->
+(added at the end of the README when absent). Ratios come first, then the times they come from;
+every number is one that speed_check measured, beside the original in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
+
+
+def ratio(num: float | None, den: float | None) -> str:
+    if not num or not den:
+        return "n/a"
+    return f"{num / den:.2f}x"
+
+
+def size(r: dict) -> str:
+    return f"{r['height']}x{r['width']}" + (f", batch {r['batch']}" if r["batch"] != 1 else "")
+
+
+def available(report: dict) -> list[dict]:
+    return [c for c in report["columns"] if c["available"]]
+
+
+def section_for(report: dict, path: str) -> list[str]:
+    meta = report["meta"]
+    cols = {c["id"]: c for c in available(report)}
+    ref = "original-python" if "original-python" in cols else "original"
+    modes = [c for c in available(report) if c["id"] not in ("original-python", "original")]
+    lines: list[str] = []
+    title = ("Quick run (tiny_b fixture: checks the pipeline, not representative of full-size "
+             "speed)" if meta["quick"] else f"`{meta['model_file']}`")
+    p = meta["protocol"]
+    lines += [f"### {title}", "",
+              f"{meta['date']}, {meta['cpu']} ({meta['cores']} cores"
+              f"{', AVX512-BF16' if meta['avx512_bf16'] else ''}), device {meta['device']}, "
+              f"torch {meta['torch']}; load x{p['load_repeats']}, first call, {p['warmup']} "
+              f"warm-up, median of {p['rounds']} rounds x {p['calls']} calls, modes alternating; "
+              f"[`{path}`]({path}).", ""]
+
+    # Ratios first: speed, then peak memory, against the original in Python.
+    head = "| image | " + " | ".join(c["title"] for c in modes) + " |"
+    rule = "|---|" + "---:|" * len(modes)
+    lines += [f"Speed-up against the {cols[ref]['title']} (higher is better):", "", head, rule]
+    for r in report["results"]:
+        by = r["columns"]
+        cells = [ratio(by.get(ref, {}).get("median_ms"), by.get(c["id"], {}).get("median_ms"))
+                 for c in modes]
+        lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
+    lines += ["", f"Peak RSS against the {cols[ref]['title']} (lower is better):", "", head, rule]
+    for r in report["results"]:
+        by = r["columns"]
+        cells = [ratio(by.get(c["id"], {}).get("peak_rss"), by.get(ref, {}).get("peak_rss"))
+                 for c in modes]
+        lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
+
+    load = report.get("load_ms", {})
+    if "original" in load:
+        lines += ["", "Load time against `torch::jit::load` of the same file (the original mode), "
+                      "warm page cache: " + ", ".join(
+                          f"{c['title']} {ratio(load['original'], load.get(c['id']))} "
+                          f"({load.get(c['id'], 0):.0f} ms vs {load['original']:.0f} ms)"
+                          for c in modes if c["id"] in load) + "."]
+
+    acc = report.get("accuracy", {}).get("columns", {})
+    if acc:
+        parts = []
+        for c in modes:
+            a = acc.get(c["id"])
+            if a and "max_abs_logit_diff" in a:
+                parts.append(f"{c['title']} max |logit diff| {a['max_abs_logit_diff']:.2g}, "
+                             f"labels {100 * a['label_agreement']:.2f} % equal")
+        if parts:
+            lines += ["", f"Outputs against the {cols[ref]['title']} on one synthetic image "
+                          "(random weights make label agreement pessimistic): "
+                      + "; ".join(parts) + "."]
+
+    all_cols = [cols[ref]] + ([cols["original"]] if ref != "original" and "original" in cols
+                              else []) + modes
+    lines += ["", "Time per call, ms (median):", "",
+              "| image | " + " | ".join(c["title"] for c in all_cols) + " |",
+              "|---|" + "---:|" * len(all_cols)]
+    for r in report["results"]:
+        by = r["columns"]
+        cells = [f"{by[c['id']]['median_ms']:.0f}" if c["id"] in by else "n/a" for c in all_cols]
+        lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
+    missing = [c for c in report["columns"] if c.get("reason")]
+    if missing:
+        lines += [""] + [f"Not run: {c['title']} ({c['reason']})." for c in missing[:1]]
+    lines.append("")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+", type=Path)
+    ap.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[1] / "README.md")
+    args = ap.parse_args(argv)
+    root = args.readme.resolve().parent
+    body = ["## Performance", "",
+            "Measured with `benchmarks/speed_check` (see `benchmarks/README.md`): every mode runs in "
+            "its own process beside the authors' pipeline, `original (Python)` (torch.jit.load, "
+            "cv2 preprocessing, F.interpolate of the logits, argmax, as the Sapiens-Lite demo does "
+            "it) and the `original` mode (the same TorchScript graph through this library), in the "
+            "same run on the same machine. The checkpoints are random-weight files with the exact "
+            "structure of the released ones (`tools/make_fixtures.py`); speed does not depend on "
+            "the weight values. Regenerate this section with "
+            "`benchmarks/readme_performance.py`.", ""]
+    for path in args.results:
+        report = json.loads(path.read_text())
+        rel = path.resolve().relative_to(root).as_posix()
+        body += section_for(report, rel)
+    text = "\n".join(body).rstrip() + "\n"
+    readme = args.readme.read_text()
+    block = f"{BEGIN}\n{text}{END}"
+    if BEGIN in readme and END in readme:
+        pre, rest = readme.split(BEGIN, 1)
+        post = rest.split(END, 1)[1]
+        readme = pre + block + post
+    elif "\n## Layout" in readme:  # first time: before the layout section
+        pre, post = readme.split("\n## Layout", 1)
+        readme = pre.rstrip() + "\n\n" + block + "\n\n## Layout" + post
+    else:
+        readme = readme.rstrip() + "\n\n" + block + "\n"
+    args.readme.write_text(readme)
+    print(f"updated {args.readme}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

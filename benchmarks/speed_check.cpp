@@ -1,0 +1,1066 @@
+// speed_check: load time, speed and peak memory of every mode beside the original, measured in
+// the same run on the same machine (the protocol of the project's design, section 7).
+//
+// Every mode runs in its own worker process (this program with --worker, or
+// original_python.py --worker for the authors' pipeline in Python), so that each one's peak
+// memory is its own and no mode inherits another's caches. The parent drives them in lock step:
+// for each image size and batch, every worker makes its first call and its warm-up calls and
+// resets its peak counters; then the timed rounds alternate between the workers, so that a
+// machine shared with other jobs slows all modes alike and the ratios stay meaningful.
+//
+// With the IO layer built, workers use the public API (sapiens_seg::load, Model::segment: the
+// same pre- and post-processing users get). Without it (the GPU machine has no OpenCV), they use
+// the core directly with an ATen resize in place of OpenCV's.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+#include <nlohmann/json.hpp>
+
+#ifdef SPEED_CHECK_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include "sapiens_seg/error.hpp"
+#include "sapiens_seg/version.hpp"
+
+#ifdef SPEED_CHECK_WITH_API
+#include "sapiens_seg/sapiens_seg.hpp"
+#else
+#include "core/backends.hpp"
+#include "core/checkpoint.hpp"
+#include "core/tensor_ops.hpp"
+#include "core/v1/vit_seg.hpp"
+#endif
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<std::string> split(const std::string& s, char sep = ',') {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// ---- /proc ------------------------------------------------------------------------------------
+
+std::int64_t vm_status(const char* field) {
+  std::ifstream in("/proc/self/status");
+  const std::string key = std::string(field) + ":";
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  }
+  return 0;
+}
+
+// Writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS.
+void reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+bool cpu_flag(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("flags", 0) == 0)
+      return (line + " ").find(" " + flag + " ") != std::string::npos;
+  }
+  return false;
+}
+
+// ---- inputs -----------------------------------------------------------------------------------
+
+// The benchmark pattern (original_python.py draws the same one): two gradients and a diagonal
+// texture, shifted per batch index, uint8 RGB.
+std::vector<std::uint8_t> synthetic_rgb(int h, int w, int index) {
+  std::vector<std::uint8_t> px(static_cast<size_t>(h) * w * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      std::uint8_t* p = px.data() + (static_cast<size_t>(y) * w + x) * 3;
+      p[0] = static_cast<std::uint8_t>((static_cast<int64_t>(x) * 255) / std::max(w - 1, 1));
+      p[1] = static_cast<std::uint8_t>((static_cast<int64_t>(y) * 255) / std::max(h - 1, 1));
+      p[2] = static_cast<std::uint8_t>(((static_cast<int64_t>(x) + y) * 7 + index * 31) % 256);
+    }
+  }
+  return px;
+}
+
+// ---- what a worker runs -----------------------------------------------------------------------
+
+struct WorkerOptions {
+  std::string model, mode = "portable", dtype = "float32", device = "cpu";
+  int threads = 0, load_repeats = 3;
+  bool accept_noncommercial = false;
+};
+
+class Pipeline {
+ public:
+  virtual ~Pipeline() = default;
+  // End to end, as a user calls it: RGB images in, label maps at each image's size out.
+  virtual void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) = 0;
+  // One image: the network's logits [classes, h/2 of the network input, ...] as float32, and the
+  // labels at the image's size.
+  virtual std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
+      const std::vector<std::uint8_t>& image, int h, int w) = 0;
+  virtual json backend() const = 0;
+};
+
+#ifdef SPEED_CHECK_WITH_API
+
+sapiens_seg::Mode parse_mode(const std::string& m) {
+  if (m == "original") return sapiens_seg::Mode::kOriginal;
+  if (m == "portable") return sapiens_seg::Mode::kPortable;
+  if (m == "kernels") return sapiens_seg::Mode::kKernels;
+  if (m == "auto") return sapiens_seg::Mode::kAuto;
+  throw std::invalid_argument("unknown mode '" + m + "'");
+}
+
+sapiens_seg::DType parse_dtype(const std::string& d) {
+  if (d == "float32") return sapiens_seg::DType::kFloat32;
+  if (d == "bfloat16") return sapiens_seg::DType::kBFloat16;
+  if (d == "float16") return sapiens_seg::DType::kFloat16;
+  if (d == "default") return sapiens_seg::DType::kDefault;
+  throw std::invalid_argument("unknown dtype '" + d + "'");
+}
+
+class ApiPipeline final : public Pipeline {
+ public:
+  explicit ApiPipeline(const WorkerOptions& o) {
+    sapiens_seg::LoadOptions opt;
+    opt.mode = parse_mode(o.mode);
+    opt.dtype = parse_dtype(o.dtype);
+    opt.device = o.device;
+    opt.threads = o.threads;
+    opt.accept_noncommercial = o.accept_noncommercial;
+    model_ = sapiens_seg::load(o.model, opt);
+  }
+  void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
+    std::vector<sapiens_seg::Input> inputs;
+    for (const auto& px : images) inputs.push_back(sapiens_seg::Input::rgb({px.data(), h, w, 0}));
+    const auto results = model_->segment(inputs);
+    if (results.size() != images.size()) throw std::runtime_error("wrong number of results");
+  }
+  std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
+      const std::vector<std::uint8_t>& image, int h, int w) override {
+    sapiens_seg::SegmentOptions so;
+    so.raw_logits = true;
+    auto r = model_->segment(sapiens_seg::Input::rgb({image.data(), h, w, 0}), so);
+    return {std::move(r.raw_logits), std::move(r.labels)};
+  }
+  json backend() const override {
+    const auto& b = model_->info().backend;
+    return {{"mode", b.mode}, {"device", b.device}, {"dtype", b.dtype}};
+  }
+
+ private:
+  std::optional<sapiens_seg::Model> model_;
+};
+
+std::unique_ptr<Pipeline> make_pipeline(const WorkerOptions& o) {
+  return std::make_unique<ApiPipeline>(o);
+}
+const char* kPipeline = "public API (sapiens_seg::load, Model::segment)";
+
+#else
+
+namespace core = sapiens_seg::core;
+
+// The library's pipeline rebuilt from the core: bilinear resize (ATen here, OpenCV in the
+// library), normalisation, the network, the fused upsample + argmax.
+class CorePipeline final : public Pipeline {
+ public:
+  explicit CorePipeline(const WorkerOptions& o) {
+    if (o.threads > 0) at::set_num_threads(o.threads);
+    const c10::Device device = core::resolve_device(o.device);
+    if (o.mode == "kernels") {
+      throw sapiens_seg::Error(
+          sapiens_seg::ErrorCode::kBackendUnavailable,
+          "kernels mode unavailable: " + core::kernels_unavailable_reason(device));
+    }
+    sapiens_seg::DType dt = sapiens_seg::DType::kDefault;
+    if (o.dtype == "float32") dt = sapiens_seg::DType::kFloat32;
+    if (o.dtype == "bfloat16") dt = sapiens_seg::DType::kBFloat16;
+    if (o.dtype == "float16") dt = sapiens_seg::DType::kFloat16;
+    const at::ScalarType dtype = core::resolve_dtype(dt, device);
+    const auto ckpt = core::open_torchscript(o.model, /*load_module=*/o.mode == "original");
+    core::v1::ConfigHints hints;
+    if (ckpt.heads_from_graph) hints.heads = *ckpt.heads_from_graph;
+    cfg_ = core::v1::infer_config(ckpt.tensors, hints);
+    runner_ = o.mode == "original" ? core::make_original_v1(ckpt, cfg_, device, dtype)
+                                   : core::make_portable_v1(ckpt, cfg_, device, dtype);
+  }
+  at::Tensor preprocess(const std::vector<std::uint8_t>& px, int h, int w) const {
+    static const std::array<float, 3> kMean{123.5f, 116.5f, 103.5f}, kStd{58.5f, 57.0f, 57.5f};
+    at::Tensor img = at::from_blob(const_cast<std::uint8_t*>(px.data()), {1, h, w, 3}, at::kByte)
+                         .permute({0, 3, 1, 2})
+                         .to(at::kFloat);
+    img = at::upsample_bilinear2d(img, {cfg_.input_h, cfg_.input_w}, false)
+              .round()
+              .clamp(0, 255)
+              .to(at::kByte)
+              .permute({0, 2, 3, 1})
+              .contiguous();
+    return core::normalize_rgb(img.data_ptr<std::uint8_t>(), static_cast<int>(cfg_.input_h),
+                               static_cast<int>(cfg_.input_w),
+                               static_cast<std::size_t>(cfg_.input_w * 3), kMean, kStd);
+  }
+  void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
+    std::vector<at::Tensor> inputs;
+    for (const auto& px : images) inputs.push_back(preprocess(px, h, w));
+    const at::Tensor logits = runner_->forward(at::stack(inputs));
+    std::vector<std::uint8_t> labels(static_cast<size_t>(h) * w);
+    for (size_t i = 0; i < images.size(); ++i) {
+      core::upsample_argmax(logits[static_cast<int64_t>(i)].contiguous(), h, w, labels.data());
+    }
+  }
+  std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
+      const std::vector<std::uint8_t>& image, int h, int w) override {
+    const at::Tensor logits =
+        runner_->forward(preprocess(image, h, w).unsqueeze(0))[0].contiguous();
+    std::vector<std::uint8_t> labels(static_cast<size_t>(h) * w);
+    core::upsample_argmax(logits, h, w, labels.data());
+    return {std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel()),
+            std::move(labels)};
+  }
+  json backend() const override {
+    const auto& b = runner_->backend();
+    return {{"mode", b.mode}, {"device", b.device}, {"dtype", b.dtype}};
+  }
+
+ private:
+  core::v1::Config cfg_;
+  std::unique_ptr<core::Runner> runner_;
+};
+
+std::unique_ptr<Pipeline> make_pipeline(const WorkerOptions& o) {
+  return std::make_unique<CorePipeline>(o);
+}
+const char* kPipeline = "core (no IO layer in this build: ATen resize instead of OpenCV)";
+
+#endif
+
+bool is_cuda(const std::string& device) {
+  return device.rfind("cuda", 0) == 0;
+}
+
+json memory_peaks(const std::string& device) {
+  json out = {{"peak_rss", vm_status("VmHWM")}, {"rss", vm_status("VmRSS")}};
+#ifdef SPEED_CHECK_CUDA
+  if (is_cuda(device)) {
+    const auto idx = static_cast<c10::DeviceIndex>(c10::cuda::current_device());
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
+    out["cuda_peak_allocated"] = stats.allocated_bytes[0].peak;
+    out["cuda_peak_reserved"] = stats.reserved_bytes[0].peak;
+  }
+#else
+  (void)device;
+#endif
+  return out;
+}
+
+void reset_peaks(const std::string& device) {
+  reset_peak_rss();
+#ifdef SPEED_CHECK_CUDA
+  if (is_cuda(device)) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(
+        static_cast<c10::DeviceIndex>(c10::cuda::current_device()));
+  }
+#else
+  (void)device;
+#endif
+}
+
+void sync(const std::string& device) {
+#ifdef SPEED_CHECK_CUDA
+  if (is_cuda(device)) c10::cuda::device_synchronize();
+#else
+  (void)device;
+#endif
+}
+
+// Serves the parent's commands: one JSON object per line in, one per line out.
+int run_worker(const WorkerOptions& o) {
+  auto reply = [](const json& j) {
+    std::cout << j.dump() << std::endl;  // flushed: the parent waits for the line
+  };
+  std::unique_ptr<Pipeline> pipe;
+  std::vector<double> loads;
+  try {
+    for (int i = 0; i < std::max(1, o.load_repeats); ++i) {
+      pipe.reset();  // the previous model goes first, as it would in a fresh process
+      const auto t0 = Clock::now();
+      pipe = make_pipeline(o);
+      loads.push_back(ms_since(t0));
+    }
+  } catch (const sapiens_seg::Error& e) {
+    reply({{"event", "unavailable"},
+           {"reason", e.what()},
+           {"code", std::string(sapiens_seg::to_string(e.code()))}});
+    return 0;
+  } catch (const std::exception& e) {
+    reply({{"event", "unavailable"}, {"reason", e.what()}});
+    return 0;
+  }
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  reply({{"event", "ready"},
+         {"load_ms", loads},
+         {"threads", at::get_num_threads()},
+         {"omp_num_threads", omp ? json(omp) : json(nullptr)},
+         {"backend", pipe->backend()},
+         {"pipeline", kPipeline},
+         {"rss_after_load", vm_status("VmRSS")}});
+
+  std::vector<std::vector<std::uint8_t>> images;
+  int h = 0, w = 0;
+  auto call = [&] {
+    sync(o.device);
+    const auto t0 = Clock::now();
+    pipe->segment(images, h, w);
+    sync(o.device);
+    return ms_since(t0);
+  };
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.empty()) continue;
+    const json cmd = json::parse(line);
+    const std::string kind = cmd.value("cmd", "");
+    try {
+      if (kind == "quit") break;
+      if (kind == "prepare") {
+        h = cmd.at("height");
+        w = cmd.at("width");
+        images.clear();
+        for (int i = 0; i < cmd.at("batch").get<int>(); ++i)
+          images.push_back(synthetic_rgb(h, w, i));
+        const double first = call();
+        std::vector<double> warm;
+        for (int i = 0; i < cmd.value("warmup", 3); ++i) warm.push_back(call());
+        reset_peaks(o.device);
+        reply({{"first_ms", first}, {"warmup_ms", warm}});
+      } else if (kind == "run") {
+        std::vector<double> ms;
+        for (int i = 0; i < cmd.at("calls").get<int>(); ++i) ms.push_back(call());
+        reply({{"ms", ms}});
+      } else if (kind == "peak") {
+        reply(memory_peaks(o.device));
+      } else if (kind == "outputs") {
+        // Raw float32 logits and uint8 labels into two files, for the parent to compare.
+        const int oh = cmd.at("height"), ow = cmd.at("width");
+        const auto [logits, labels] = pipe->outputs(synthetic_rgb(oh, ow, 0), oh, ow);
+        const std::string prefix = cmd.at("prefix");
+        std::ofstream(prefix + ".logits", std::ios::binary)
+            .write(reinterpret_cast<const char*>(logits.data()),
+                   static_cast<std::streamsize>(logits.size() * sizeof(float)));
+        std::ofstream(prefix + ".labels", std::ios::binary)
+            .write(reinterpret_cast<const char*>(labels.data()),
+                   static_cast<std::streamsize>(labels.size()));
+        reply({{"logits", logits.size()}, {"labels", labels.size()}});
+      } else {
+        reply({{"error", "unknown command " + kind}});
+      }
+    } catch (const std::exception& e) {
+      reply({{"error", e.what()}});
+    }
+  }
+  return 0;
+}
+
+// ---- the parent -------------------------------------------------------------------------------
+
+// A worker process with its stdin and stdout on pipes (stderr is shared, for its logs).
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv) {
+    int to_child[2], from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
+      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const int rc = ::posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    if (rc != 0) {
+      ::close(to_child[1]);
+      ::close(from_child[0]);
+      throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+    }
+    in_ = ::fdopen(to_child[1], "w");
+    out_ = ::fdopen(from_child[0], "r");
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() {
+    if (in_) {
+      std::fputs("{\"cmd\":\"quit\"}\n", in_);
+      std::fclose(in_);
+    }
+    if (out_) std::fclose(out_);
+    int status = 0;
+    if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  }
+
+  json read() {
+    std::string line;
+    for (int c; (c = std::fgetc(out_)) != EOF && c != '\n';) line += static_cast<char>(c);
+    if (line.empty()) throw std::runtime_error("the worker exited (crashed or was killed)");
+    return json::parse(line);
+  }
+  json request(const json& cmd) {
+    const std::string s = cmd.dump() + "\n";
+    if (std::fputs(s.c_str(), in_) < 0 || std::fflush(in_) != 0) {
+      throw std::runtime_error("the worker is gone");
+    }
+    json r = read();
+    if (r.contains("error")) throw std::runtime_error(r["error"].get<std::string>());
+    return r;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+};
+
+struct Column {
+  Column(std::string id_, std::string title_, std::string mode_, std::string dtype_, bool python_)
+      : id(std::move(id_)),
+        title(std::move(title_)),
+        mode(std::move(mode_)),
+        dtype(std::move(dtype_)),
+        python(python_) {}
+  std::string id, title, mode, dtype;
+  bool python = false;
+  std::unique_ptr<Child> child;
+  json ready;
+  std::string unavailable;  // reason, when it cannot run here (or failed)
+};
+
+struct Options {
+  bool quick = false, worker = false, accept_noncommercial = false;
+  std::string model, device = "cpu", python, python_script;
+  std::vector<std::string> modes, dtypes;
+  struct Config {
+    int h, w, batch;
+  };
+  std::vector<Config> configs;
+  int threads = 0, warmup = 3, rounds = 3, calls = 5, load_repeats = 3;
+  std::string json_out, md_out;
+  std::string worker_mode, worker_dtype;
+};
+
+const char* kUsage =
+    R"(speed_check: load time, speed and peak memory of each mode beside the original.
+
+  speed_check [--quick] [--model PATH|ID] [--device cpu|cuda|cuda:N]
+              [--modes original-python,original,portable,kernels] [--dtype float32,bfloat16]
+              [--sizes 480x640,720x1280,...] [--batch 1,8] [--threads N]
+              [--warmup 3] [--rounds 3] [--calls 5] [--load-repeats 3]
+              [--json FILE] [--markdown FILE] [--python PY] [--python-script original_python.py]
+              [--accept-noncommercial]
+
+--quick: the tiny_b fixture (fast to run, not representative of full-size speed), 480x640 at
+batch 1 and 8, 1080x1920 and 3000x4000 at batch 1, 1 warm-up, 2 rounds x 3 calls; a few minutes
+on 2 cores. --model defaults to the quick fixture with --quick and to sapiens-seg-0.3b-goliath
+otherwise. --dtype applies to portable and kernels; the original runs in float32.
+OMP_NUM_THREADS is honoured as LibTorch and PyTorch honour it; --threads overrides it.
+)";
+
+std::pair<int, int> parse_size(const std::string& s) {
+  const auto x = s.find('x');
+  if (x == std::string::npos) throw std::invalid_argument("size '" + s + "' is not HxW");
+  return {std::stoi(s.substr(0, x)), std::stoi(s.substr(x + 1))};
+}
+
+Options parse_args(int argc, char** argv, std::string& command) {
+  Options o;
+  std::string sizes, batches, modes = "original-python,original,portable,kernels", dtypes;
+  // The command as typed, minus this machine's directories (results are committed).
+  for (int i = 0; i < argc; ++i) {
+    std::string a = i == 0 ? fs::path(argv[0]).filename().string() : argv[i];
+    if (a.size() > 1 && a[0] == '/') a = fs::path(a).filename().string();
+    command += (i ? " " : "") + a;
+  }
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) throw std::invalid_argument(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick")
+      o.quick = true;
+    else if (a == "--worker")
+      o.worker = true;
+    else if (a == "--accept-noncommercial")
+      o.accept_noncommercial = true;
+    else if (a == "--model")
+      o.model = value(i);
+    else if (a == "--device")
+      o.device = value(i);
+    else if (a == "--modes")
+      modes = value(i);
+    else if (a == "--dtype")
+      dtypes = value(i);
+    else if (a == "--sizes")
+      sizes = value(i);
+    else if (a == "--batch")
+      batches = value(i);
+    else if (a == "--threads")
+      o.threads = std::stoi(value(i));
+    else if (a == "--warmup")
+      o.warmup = std::stoi(value(i));
+    else if (a == "--rounds")
+      o.rounds = std::stoi(value(i));
+    else if (a == "--calls")
+      o.calls = std::stoi(value(i));
+    else if (a == "--load-repeats")
+      o.load_repeats = std::stoi(value(i));
+    else if (a == "--json")
+      o.json_out = value(i);
+    else if (a == "--markdown")
+      o.md_out = value(i);
+    else if (a == "--python")
+      o.python = value(i);
+    else if (a == "--python-script")
+      o.python_script = value(i);
+    else if (a == "--mode")
+      o.worker_mode = value(i);
+    else if (a == "--worker-dtype")
+      o.worker_dtype = value(i);
+    else if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else {
+      throw std::invalid_argument("unknown argument '" + a + "'\n\n" + kUsage);
+    }
+  }
+  const bool quick_sizes = o.quick && sizes.empty() && batches.empty();
+  if (o.quick) {
+    // The quick protocol, unless given explicitly.
+    auto given = [&](const char* flag) {
+      return command.find(std::string(" ") + flag + " ") != std::string::npos;
+    };
+    if (!given("--warmup")) o.warmup = 1;
+    if (!given("--rounds")) o.rounds = 2;
+    if (!given("--calls")) o.calls = 3;
+  }
+  if (quick_sizes) {
+    // Batch 8 only at the smallest size: at 3000x4000 it alone takes longer than the rest.
+    o.configs = {{480, 640, 1}, {480, 640, 8}, {1080, 1920, 1}, {3000, 4000, 1}};
+  } else {
+    if (sizes.empty()) sizes = "480x640,720x1280,1080x1920,1024x2048,3000x4000";
+    if (batches.empty()) batches = "1,8";
+    for (const auto& sz : split(sizes)) {
+      const auto [h, w] = parse_size(sz);
+      for (const auto& b : split(batches)) o.configs.push_back({h, w, std::stoi(b)});
+    }
+  }
+  if (dtypes.empty()) dtypes = is_cuda(o.device) ? "float16" : "float32,bfloat16";
+  o.modes = split(modes);
+  o.dtypes = split(dtypes);
+  if (o.python.empty()) o.python = SPEED_CHECK_PYTHON;
+  if (o.python_script.empty()) o.python_script = SPEED_CHECK_PYTHON_SCRIPT;
+  return o;
+}
+
+std::string find_quick_model(const char* argv0) {
+  std::vector<fs::path> dirs;
+  if (const char* f = std::getenv("SAPIENS_SEG_FIXTURES")) dirs.emplace_back(f);
+  std::error_code ec;
+  const fs::path exe = fs::canonical(fs::path("/proc/self/exe"), ec);
+  if (!ec) dirs.push_back(exe.parent_path().parent_path() / "fixtures");
+  dirs.push_back(fs::path(argv0).parent_path().parent_path() / "fixtures");
+  for (const auto& d : dirs) {
+    if (fs::exists(d / "tiny_b_torchscript.pt2")) return (d / "tiny_b_torchscript.pt2").string();
+  }
+  throw std::runtime_error(
+      "--quick needs the tiny_b fixture: build it with `python tools/make_fixtures.py --out "
+      "BUILD/fixtures --only tiny_b` (or run the tests once), or pass --model");
+}
+
+std::string fmt(double v, int digits = 0) {
+  if (std::isnan(v)) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string ratio(double num, double den) {
+  if (std::isnan(num) || std::isnan(den) || den <= 0) return "n/a";
+  return fmt(num / den, 2) + "x";
+}
+
+std::string gib(double bytes) {
+  return fmt(bytes / (1024.0 * 1024.0 * 1024.0), 2);
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::localtime(&t));
+  return buf;
+}
+
+double json_median(const json& j, const char* key) {
+  if (!j.contains(key)) return std::nan("");
+  return j[key].get<double>();
+}
+
+std::string markdown(const json& report) {
+  std::ostringstream md;
+  const json& meta = report["meta"];
+  const json& cols = report["columns"];
+  md << "# speed_check\n\n";
+  if (meta["quick"].get<bool>()) {
+    md << "**Quick run**: " << meta["quick_note"].get<std::string>() << "\n\n";
+  }
+  md << "- date: " << meta["date"].get<std::string>() << "\n"
+     << "- machine: " << meta["cpu"].get<std::string>() << ", " << meta["cores"].get<int>()
+     << " logical cores" << (meta["avx512_bf16"].get<bool>() ? ", AVX512-BF16" : "") << "\n"
+     << "- device: " << meta["device"].get<std::string>() << "\n"
+     << "- torch: " << meta["torch"].get<std::string>() << ", sapiens-seg "
+     << meta["sapiens_seg"].get<std::string>()
+     << ", pipeline: " << meta["pipeline"].get<std::string>() << "\n"
+     << "- model: `" << meta["model_file"].get<std::string>() << "` ("
+     << fmt(meta["model_bytes"].get<double>() / 1e6, 1) << " MB)\n"
+     << "- threads: " << meta["threads"].dump() << " (OMP_NUM_THREADS "
+     << (meta["omp_num_threads"].is_null() ? std::string("unset")
+                                           : meta["omp_num_threads"].get<std::string>())
+     << ")\n"
+     << "- protocol: load x" << meta["protocol"]["load_repeats"].get<int>() << ", first call, "
+     << meta["protocol"]["warmup"].get<int>() << " warm-up, peak reset, median of "
+     << meta["protocol"]["rounds"].get<int>() << " rounds x median of "
+     << meta["protocol"]["calls"].get<int>() << " calls, rounds alternating between modes\n"
+     << "- command: `" << meta["command"].get<std::string>() << "`\n\n";
+
+  std::vector<std::string> ids, titles;
+  for (const auto& c : cols) {
+    if (c["available"].get<bool>()) {
+      ids.push_back(c["id"]);
+      titles.push_back(c["title"]);
+    }
+  }
+  const bool has_py = std::find(ids.begin(), ids.end(), "original-python") != ids.end();
+  const bool has_cpp = std::find(ids.begin(), ids.end(), "original") != ids.end();
+
+  auto table = [&](const std::string& heading, const std::string& ref,
+                   const std::function<std::string(const json&, const json&)>& cell) {
+    md << "## " << heading << "\n\n| image | batch |";
+    for (const auto& t : titles) md << " " << t << " |";
+    md << "\n|---|---|";
+    for (size_t k = 0; k < titles.size(); ++k) md << "---:|";
+    md << "\n";
+    for (const auto& r : report["results"]) {
+      md << "| " << r["height"].get<int>() << "x" << r["width"].get<int>() << " | "
+         << r["batch"].get<int>() << " |";
+      const json& by = r["columns"];
+      for (const auto& id : ids) {
+        md << " "
+           << (by.contains(id) && (ref.empty() || by.contains(ref))
+                   ? cell(by[id], ref.empty() ? json() : by[ref])
+                   : "n/a")
+           << " |";
+      }
+      md << "\n";
+    }
+    md << "\n";
+  };
+  auto speed = [](const json& c, const json& ref) {
+    return ratio(json_median(ref, "median_ms"), json_median(c, "median_ms"));
+  };
+  auto mem = [](const json& c, const json& ref) {
+    return ratio(json_median(c, "peak_rss"), json_median(ref, "peak_rss"));
+  };
+  if (has_py)
+    table("Speed-up against the original in Python (higher is better)", "original-python", speed);
+  if (has_cpp)
+    table("Speed-up against the original mode, C++ TorchScript (higher is better)", "original",
+          speed);
+  if (has_py)
+    table("Peak RSS against the original in Python (lower is better)", "original-python", mem);
+
+  const json& acc = report["accuracy"];
+  if (acc.contains("columns") && !acc["columns"].empty()) {
+    const std::string ref = acc["reference"];
+    md << "## Outputs against the " << (ref == "original" ? "original mode" : "original in Python")
+       << " (one " << acc["height"].get<int>() << "x" << acc["width"].get<int>()
+       << " image; random weights make label agreement pessimistic)\n\n"
+       << "| mode | max abs logit diff | mean abs logit diff | label agreement "
+          "|\n|---|---:|---:|---:|\n";
+    for (size_t k = 0; k < ids.size(); ++k) {
+      if (!acc["columns"].contains(ids[k]) || ids[k] == ref) continue;
+      const json& a = acc["columns"][ids[k]];
+      if (a.contains("error")) continue;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "| %s | %.3g | %.3g | %.3f %% |\n", titles[k].c_str(),
+                    a["max_abs_logit_diff"].get<double>(), a["mean_abs_logit_diff"].get<double>(),
+                    100.0 * a["label_agreement"].get<double>());
+      md << buf;
+    }
+    md << "\n";
+  }
+
+  md << "## Load time (warm page cache)\n\n| mode | median ms (of "
+     << meta["protocol"]["load_repeats"].get<int>() << ") |"
+     << (has_py ? " vs torch.jit.load in Python |" : "")
+     << (has_cpp ? " vs torch::jit::load (original mode) |" : "") << "\n|---|---:|"
+     << (has_py ? "---:|" : "") << (has_cpp ? "---:|" : "") << "\n";
+  const json& load = report["load_ms"];
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const double ms = load[ids[k]].get<double>();
+    md << "| " << titles[k] << " | " << fmt(ms) << " |";
+    if (has_py) md << " " << ratio(load["original-python"].get<double>(), ms) << " |";
+    if (has_cpp) md << " " << ratio(load["original"].get<double>(), ms) << " |";
+    md << "\n";
+  }
+  md << "\n";
+
+  table("Time per call, ms (first call in brackets)", "", [](const json& c, const json&) {
+    return fmt(json_median(c, "median_ms")) + " (" + fmt(json_median(c, "first_ms")) + ")";
+  });
+  table("Peak RSS, GiB (whole process, weights included)", "", [](const json& c, const json&) {
+    std::string s = gib(json_median(c, "peak_rss"));
+    if (c.contains("cuda_peak_allocated")) {
+      s += "; CUDA " + gib(c["cuda_peak_allocated"].get<double>()) + " alloc / " +
+           gib(c["cuda_peak_reserved"].get<double>()) + " reserved";
+    }
+    return s;
+  });
+
+  bool any_missing = false;
+  for (const auto& c : cols) {
+    const std::string reason = c["reason"];
+    if (reason.empty()) continue;
+    if (!any_missing) md << "## Not run or failed\n\n";
+    any_missing = true;
+    md << "- " << c["title"].get<std::string>() << ": " << reason << "\n";
+  }
+  if (any_missing) md << "\n";
+  return md.str();
+}
+
+// Every column's outputs for one synthetic image against the reference column's (the original in
+// Python when it runs, else the original mode): logits at the network's output size and labels
+// at the image's size.
+json compare_outputs(std::vector<Column>& cols, int h, int w) {
+  std::error_code ec;
+  std::string tmpl = (fs::temp_directory_path(ec) / "speed_check.XXXXXX").string();
+  const char* dir = ::mkdtemp(tmpl.data());
+  if (!dir) return json::object();
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  };
+  std::map<std::string, std::pair<std::vector<char>, std::vector<char>>> got;
+  for (auto& c : cols) {
+    if (!c.child) continue;
+    const std::string prefix = std::string(dir) + "/" + std::to_string(got.size());
+    try {
+      c.child->request({{"cmd", "outputs"}, {"height", h}, {"width", w}, {"prefix", prefix}});
+      got[c.id] = {read(prefix + ".logits"), read(prefix + ".labels")};
+    } catch (const std::exception& e) {
+      std::cerr << "speed_check:   " << c.title << ": no outputs (" << e.what() << ")\n";
+    }
+    std::remove((prefix + ".logits").c_str());
+    std::remove((prefix + ".labels").c_str());
+  }
+  ::rmdir(dir);
+  const std::string ref = got.count("original-python") ? "original-python" : "original";
+  json out = {{"reference", ref}, {"height", h}, {"width", w}, {"columns", json::object()}};
+  if (!got.count(ref)) return out;
+  const auto& [rl, rb] = got[ref];
+  for (const auto& [id, v] : got) {
+    const auto& [l, b] = v;
+    if (l.size() != rl.size() || b.size() != rb.size()) {
+      out["columns"][id] = {{"error", "output shapes differ"}};
+      continue;
+    }
+    const auto* x = reinterpret_cast<const float*>(l.data());
+    const auto* y = reinterpret_cast<const float*>(rl.data());
+    const size_t n = l.size() / sizeof(float);
+    double max_diff = 0, sum_diff = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double d = std::abs(static_cast<double>(x[i]) - y[i]);
+      max_diff = std::max(max_diff, d);
+      sum_diff += d;
+    }
+    size_t same = 0;
+    for (size_t i = 0; i < b.size(); ++i) same += b[i] == rb[i];
+    out["columns"][id] = {
+        {"max_abs_logit_diff", max_diff},
+        {"mean_abs_logit_diff", n ? sum_diff / static_cast<double>(n) : 0.0},
+        {"label_agreement",
+         b.empty() ? 1.0 : static_cast<double>(same) / static_cast<double>(b.size())}};
+  }
+  return out;
+}
+
+int run_parent(const Options& o, const std::string& command, const char* argv0) {
+  std::string model = o.model;
+  if (model.empty()) model = o.quick ? find_quick_model(argv0) : "sapiens-seg-0.3b-goliath";
+#ifdef SPEED_CHECK_WITH_API
+  if (!fs::exists(model)) {
+    std::cerr << "speed_check: resolving model id " << model << "\n";
+    model = sapiens_seg::fetch(model);
+  }
+#endif
+  if (!fs::exists(model)) throw std::runtime_error("model file not found: " + model);
+  model = fs::absolute(model).string();
+
+  std::vector<Column> cols;
+  for (const auto& m : o.modes) {
+    if (m == "original-python") {
+      cols.emplace_back("original-python", "original (Python)", "original", "float32", true);
+    } else if (m == "original") {
+      cols.emplace_back("original", "original", "original", "float32", false);
+    } else if (m == "portable" || m == "kernels") {
+      for (const auto& d : o.dtypes) cols.emplace_back(m + " " + d, m + " " + d, m, d, false);
+    } else {
+      throw std::invalid_argument("unknown mode '" + m +
+                                  "' (original-python, original, portable, kernels)");
+    }
+  }
+
+  const std::string self = fs::canonical("/proc/self/exe").string();
+  for (auto& c : cols) {
+    std::vector<std::string> argv;
+    if (c.python) {
+      argv = {o.python,
+              o.python_script,
+              "--worker",
+              "--model",
+              model,
+              "--device",
+              o.device,
+              "--load-repeats",
+              std::to_string(o.load_repeats)};
+    } else {
+      argv = {self,     "--worker",       "--model",
+              model,    "--device",       o.device,
+              "--mode", c.mode,           "--worker-dtype",
+              c.dtype,  "--load-repeats", std::to_string(o.load_repeats)};
+    }
+    if (o.threads > 0) {
+      argv.push_back("--threads");
+      argv.push_back(std::to_string(o.threads));
+    }
+    if (o.accept_noncommercial && !c.python) argv.push_back("--accept-noncommercial");
+    std::cerr << "speed_check: loading " << c.title << " ..." << std::endl;
+    try {
+      c.child = std::make_unique<Child>(argv);
+      c.ready = c.child->read();
+      if (c.ready.value("event", "") != "ready") {
+        c.unavailable = c.ready.value("reason", "failed to start");
+        c.child.reset();
+      }
+    } catch (const std::exception& e) {
+      c.unavailable = e.what();
+      c.child.reset();
+    }
+    if (!c.unavailable.empty())
+      std::cerr << "speed_check:   unavailable: " << c.unavailable << "\n";
+  }
+
+  json accuracy = compare_outputs(cols, o.configs.front().h, o.configs.front().w);
+
+  json results = json::array();
+  for (const auto& cfg : o.configs) {
+    const int h = cfg.h, w = cfg.w, batch = cfg.batch;
+    {
+      std::cerr << "speed_check: " << h << "x" << w << " batch " << batch << std::endl;
+      json entry = {{"height", h}, {"width", w}, {"batch", batch}, {"columns", json::object()}};
+      std::map<std::string, std::vector<double>> round_medians;
+      std::map<std::string, json> per;
+      auto fail = [&](Column& c, const std::exception& e) {
+        std::cerr << "speed_check:   " << c.title << " failed: " << e.what() << "\n";
+        per[c.id] = {{"error", e.what()}};
+        c.child.reset();
+        c.unavailable = std::string("failed during the run: ") + e.what();
+      };
+      for (auto& c : cols) {
+        if (!c.child) continue;
+        try {
+          per[c.id] = c.child->request({{"cmd", "prepare"},
+                                        {"height", h},
+                                        {"width", w},
+                                        {"batch", batch},
+                                        {"warmup", o.warmup}});
+          per[c.id]["rounds_ms"] = json::array();
+        } catch (const std::exception& e) {
+          fail(c, e);
+        }
+      }
+      for (int r = 0; r < o.rounds; ++r) {
+        for (auto& c : cols) {
+          if (!c.child) continue;
+          try {
+            const json got = c.child->request({{"cmd", "run"}, {"calls", o.calls}});
+            const auto ms = got["ms"].get<std::vector<double>>();
+            per[c.id]["rounds_ms"].push_back(ms);
+            round_medians[c.id].push_back(median(ms));
+          } catch (const std::exception& e) {
+            fail(c, e);
+          }
+        }
+      }
+      for (auto& c : cols) {
+        if (!c.child) continue;
+        try {
+          per[c.id].update(c.child->request({{"cmd", "peak"}}));
+          per[c.id]["median_ms"] = median(round_medians[c.id]);
+          per[c.id]["min_ms"] =
+              *std::min_element(round_medians[c.id].begin(), round_medians[c.id].end());
+          std::cerr << "speed_check:   " << c.title << ": "
+                    << fmt(per[c.id]["median_ms"].get<double>()) << " ms, peak RSS "
+                    << gib(per[c.id]["peak_rss"].get<double>()) << " GiB\n";
+        } catch (const std::exception& e) {
+          fail(c, e);
+        }
+      }
+      for (auto& [id, j] : per) {
+        if (!j.contains("error")) entry["columns"][id] = j;
+      }
+      results.push_back(entry);
+    }
+  }
+
+  json columns = json::array(), load = json::object(), workers = json::object();
+  json threads = json::object();
+  json omp = nullptr;
+  for (const auto& c : cols) {
+    const bool ok = c.ready.value("event", "") == "ready";
+    columns.push_back({{"id", c.id},
+                       {"title", c.title},
+                       {"mode", c.mode},
+                       {"dtype", c.dtype},
+                       {"available", ok},
+                       {"reason", c.unavailable}});
+    if (c.ready.value("event", "") == "ready") {
+      load[c.id] = median(c.ready["load_ms"].get<std::vector<double>>());
+      threads[c.id] = c.ready["threads"];
+      omp = c.ready["omp_num_threads"];
+      workers[c.id] = c.ready;
+    }
+  }
+  std::string torch_python;
+  if (workers.contains("original-python"))
+    torch_python = workers["original-python"].value("torch", "");
+  json meta = {
+      {"date", today()},
+      {"cpu", cpu_model()},
+      {"cores", std::thread::hardware_concurrency()},
+      {"avx512_bf16", cpu_flag("avx512_bf16")},
+      {"device", o.device},
+      {"torch", std::string(TORCH_VERSION) +
+                    (torch_python.empty() ? "" : " (Python: " + torch_python + ")")},
+      {"sapiens_seg", SAPIENS_SEG_VERSION},
+      {"pipeline", kPipeline},
+      {"model_file", fs::path(model).filename().string()},
+      {"model_bytes", fs::file_size(model)},
+      {"threads", threads},
+      {"omp_num_threads", omp},
+      {"quick", o.quick},
+      {"quick_note",
+       "the tiny_b fixture unless --model says otherwise (random weights, 2 blocks, 128 wide, a "
+       "64-channel head): fast to run, not representative of full-size speed; " +
+           std::to_string(o.configs.size()) + " sizes and batches, " + std::to_string(o.warmup) +
+           " warm-up, " + std::to_string(o.rounds) + " rounds x " + std::to_string(o.calls) +
+           " calls"},
+      {"protocol",
+       {{"warmup", o.warmup},
+        {"rounds", o.rounds},
+        {"calls", o.calls},
+        {"load_repeats", o.load_repeats}}},
+      {"command", command},
+  };
+  json report = {{"meta", meta},         {"columns", columns}, {"load_ms", load},
+                 {"accuracy", accuracy}, {"workers", workers}, {"results", results}};
+  const std::string md = markdown(report);
+  std::cout << md;
+  if (!o.json_out.empty()) std::ofstream(o.json_out) << report.dump(2) << "\n";
+  if (!o.md_out.empty()) std::ofstream(o.md_out) << md;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string command;
+  try {
+    const Options o = parse_args(argc, argv, command);
+    if (o.worker) {
+      WorkerOptions w;
+      w.model = o.model;
+      w.mode = o.worker_mode.empty() ? "portable" : o.worker_mode;
+      w.dtype = o.worker_dtype.empty() ? "float32" : o.worker_dtype;
+      w.device = o.device;
+      w.threads = o.threads;
+      w.load_repeats = o.load_repeats;
+      w.accept_noncommercial = o.accept_noncommercial;
+      return run_worker(w);
+    }
+    return run_parent(o, command, argv[0]);
+  } catch (const std::exception& e) {
+    std::cerr << "speed_check: " << e.what() << "\n";
+    return 2;
+  }
+}
