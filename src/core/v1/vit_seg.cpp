@@ -12,6 +12,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 
+#include "../layout.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v1 {
@@ -19,14 +20,6 @@ namespace {
 
 constexpr double kLayerNormEps = 1e-6;     // every LayerNorm of the backbone
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
-  os << ']';
-  return os.str();
-}
 
 [[noreturn]] void refuse(const std::string& what) {
   throw Error(ErrorCode::kFormatError, "not a Sapiens v1 segmentation checkpoint: " + what);
@@ -109,7 +102,7 @@ Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
 
   // The complete expected layout, then one report of everything that differs.
   const int64_t C = c.embed_dim, F = c.mlp, HC = c.head_channels, K = c.num_classes;
-  std::map<std::string, std::vector<int64_t>> want = {
+  Layout want = {
       {"backbone.pos_embed", {1, c.tokens, C}},
       {"backbone.patch_embed.projection.weight", {C, 3, c.patch, c.patch}},
       {"backbone.patch_embed.projection.bias", {C}},
@@ -141,36 +134,12 @@ Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
     want[p + "ffn.layers.1.weight"] = {C, F};
     want[p + "ffn.layers.1.bias"] = {C};
   }
-  std::vector<std::string> missing, unexpected, bad_shape, bad_dtype;
-  for (const auto& [key, shape] : want) {
-    auto it = tensors.find(key);
-    if (it == tensors.end()) {
-      missing.push_back(key);
-    } else if (it->second.sizes() != at::IntArrayRef(shape)) {
-      bad_shape.push_back(key + " " + shape_str(it->second.sizes()) + " (expected " +
-                          shape_str(shape) + ")");
-    } else if (!(it->second.scalar_type() == at::kFloat || it->second.scalar_type() == at::kHalf ||
-                 it->second.scalar_type() == at::kBFloat16)) {
-      bad_dtype.push_back(key + " " + std::string(c10::toString(it->second.scalar_type())) +
-                          " (expected float32, float16 or bfloat16)");
-    }
-  }
-  for (const auto& [key, value] : tensors) {
-    if (!want.count(key) && !is_ignored(key)) unexpected.push_back(key);
-  }
-  if (!missing.empty() || !unexpected.empty() || !bad_shape.empty() || !bad_dtype.empty()) {
+  const std::string report = layout_mismatches(tensors, want, is_ignored);
+  if (!report.empty()) {
     std::ostringstream os;
     os << "the tensors do not match the layout derived from the checkpoint (embed " << C
-       << ", depth " << c.depth << ", mlp " << F << ", head " << HC << ", classes " << K << ")";
-    auto list = [&os](const char* what, const std::vector<std::string>& v) {
-      if (v.empty()) return;
-      os << "\n  " << what << " (" << v.size() << "):";
-      for (const auto& s : v) os << "\n    " << s;
-    };
-    list("missing tensors", missing);
-    list("unexpected tensors", unexpected);
-    list("wrong shape", bad_shape);
-    list("wrong dtype", bad_dtype);
+       << ", depth " << c.depth << ", mlp " << F << ", head " << HC << ", classes " << K << ")"
+       << report;
     refuse(os.str());
   }
   return c;

@@ -10,6 +10,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include "../layout.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v2 {
@@ -18,14 +19,6 @@ namespace {
 constexpr double kRmsNormEps = 1e-6;       // every RMSNorm of the backbone, q/k-norm included
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
 constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
-  os << ']';
-  return os.str();
-}
 
 [[noreturn]] void refuse(const std::string& what) {
   throw Error(ErrorCode::kFormatError, "not a Sapiens2 segmentation checkpoint: " + what);
@@ -235,7 +228,7 @@ Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
 
   // The complete expected layout, then one report of everything that differs.
   const int64_t C = c.embed_dim, F = c.mlp, hd = c.head_dim;
-  std::map<std::string, std::vector<int64_t>> want = {
+  Layout want = {
       {"backbone.cls_token", {1, 1, C}},
       {"backbone.storage_tokens", {1, c.registers, C}},
       {"backbone.patch_embed.projection.weight", {C, 3, c.patch, c.patch}},
@@ -277,37 +270,12 @@ Config infer_config(const TensorMap& tensors, const ConfigHints& hints) {
     want[block_key(i, "ffn.w3.weight")] = {C, F};
     want[block_key(i, "ffn.w3.bias")] = {C};
   }
-  std::vector<std::string> missing, unexpected, bad_shape, bad_dtype;
-  for (const auto& [key, shape] : want) {
-    auto it = tensors.find(key);
-    if (it == tensors.end()) {
-      missing.push_back(key);
-    } else if (it->second.sizes() != at::IntArrayRef(shape)) {
-      bad_shape.push_back(key + " " + shape_str(it->second.sizes()) + " (expected " +
-                          shape_str(shape) + ")");
-    } else if (!(it->second.scalar_type() == at::kFloat || it->second.scalar_type() == at::kHalf ||
-                 it->second.scalar_type() == at::kBFloat16)) {
-      bad_dtype.push_back(key + " " + std::string(c10::toString(it->second.scalar_type())) +
-                          " (expected float32, float16 or bfloat16)");
-    }
-  }
-  for (const auto& [key, value] : tensors) {
-    if (!want.count(key)) unexpected.push_back(key);
-  }
-  if (!missing.empty() || !unexpected.empty() || !bad_shape.empty() || !bad_dtype.empty()) {
+  const std::string report = layout_mismatches(tensors, want);
+  if (!report.empty()) {
     std::ostringstream os;
     os << "the tensors do not match the layout derived from the checkpoint (embed " << C
        << ", depth " << c.depth << ", heads " << c.heads << ", head dim " << hd << ", mlp " << F
-       << ", classes " << c.num_classes << ")";
-    auto list = [&os](const char* what, const std::vector<std::string>& v) {
-      if (v.empty()) return;
-      os << "\n  " << what << " (" << v.size() << "):";
-      for (const auto& s : v) os << "\n    " << s;
-    };
-    list("missing tensors", missing);
-    list("unexpected tensors", unexpected);
-    list("wrong shape", bad_shape);
-    list("wrong dtype", bad_dtype);
+       << ", classes " << c.num_classes << ")" << report;
     refuse(os.str());
   }
   return c;
