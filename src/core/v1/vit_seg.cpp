@@ -356,21 +356,34 @@ struct ChannelStats {
   }
 };
 
-// silu(x * scale + shift), written to `out` (any layout). LibTorch computes each op in float32
-// and rounds once to out's dtype; for bfloat16 the rounding between the affine step and SiLU costs
-// less than a float32 round trip through memory.
-void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
-                    const std::pair<at::Tensor, at::Tensor>& affine) {
-  at::Tensor o = out;
-  at::addcmul_out(o, affine.second, x, affine.first);
-  at::silu_(o);
-}
-
 // Rows of a [pixels, channels] tile in the head: large enough for the GEMMs to run at full speed
 // (2048-row tiles run the 768-wide 1x1 convolutions at a quarter of it), small enough to stay in
 // the last-level cache.
 constexpr int64_t kTileRows = 8192;
 constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the backbone's MLP on the CPU
+
+// silu(x * scale + shift) into `out` (any layout, same shape as x), computed in float32.
+void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
+                    const std::pair<at::Tensor, at::Tensor>& affine) {
+  if (out.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat) {
+    at::Tensor o = out;
+    at::addcmul_out(o, affine.second, x, affine.first);
+    at::silu_(o);
+    return;
+  }
+  // LibTorch's elementwise kernels run mixed bfloat16/float32 operands through a scalar path,
+  // three times slower than converting first and keeping every op in one dtype; chunks of the
+  // outer dimension keep the float32 copy small.
+  const int64_t per_row = std::max<int64_t>(1, x.numel() / std::max<int64_t>(1, x.size(0)));
+  const int64_t step = std::max<int64_t>(1, kTileRows * x.size(-1) / per_row);
+  for (int64_t r = 0; r < x.size(0); r += step) {
+    const int64_t n = std::min(step, x.size(0) - r);
+    at::Tensor f = x.narrow(0, r, n).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    at::addcmul_out(f, affine.second, f, affine.first);
+    at::silu_(f);
+    out.narrow(0, r, n).copy_(f);
+  }
+}
 
 }  // namespace
 
@@ -413,12 +426,16 @@ at::Tensor Network::head_cpu(const at::Tensor& feat, int64_t gh, int64_t gw) con
       } else {
         norm_silu_into(interior, act.view({H, W, Cin}), stats.affine(kInstanceNormEps));
       }
-      at::Tensor y = at::empty({2 * H, 2 * W, HC}, act.options());
+      // The previous stage's output lives on in `padded`; releasing it before the next, 4x larger
+      // map is allocated lowers the peak by a quarter of that map.
+      const auto options = act.options();
+      act = at::Tensor();
+      at::Tensor y = at::empty({2 * H, 2 * W, HC}, options);
       // y viewed as [i, py, j, px, c]: one parity plane is a strided [H, W, HC] view.
       const at::Tensor planes = y.view({H, 2, W, 2, HC});
       ChannelStats next;
       const int64_t chunk = std::max<int64_t>(1, kTileRows / Wp);
-      at::Tensor scratch = at::empty({chunk * Wp, HC}, act.options());
+      at::Tensor scratch = at::empty({chunk * Wp, HC}, options);
       for (int py = 0; py < 2; ++py) {
         for (int px = 0; px < 2; ++px) {
           for (int64_t i0 = 0; i0 < H; i0 += chunk) {
