@@ -252,6 +252,53 @@ std::shared_ptr<const std::vector<std::uint8_t>> make_zip(
   return std::make_shared<const std::vector<std::uint8_t>>(out.begin(), out.end());
 }
 
+void put64(std::string& s, std::uint64_t v) {
+  put32(s, static_cast<std::uint32_t>(v & 0xFFFFFFFF));
+  put32(s, static_cast<std::uint32_t>(v >> 32));
+}
+
+// The same archive with every size and offset in zip64 fields, as writers lay out files over
+// 4 GiB (the 1B checkpoint): saturated 32-bit fields, a zip64 extra field per entry, the zip64
+// end-of-central-directory record and its locator.
+std::shared_ptr<const std::vector<std::uint8_t>> make_zip64(
+    const std::vector<std::pair<std::string, std::string>>& files) {
+  std::string out, central;
+  for (const auto& [rel, data] : files) {
+    const std::string name = "archive/" + rel;
+    const auto offset = static_cast<std::uint64_t>(out.size());
+    out += "PK\x03\x04";
+    put16(out, 45), put16(out, 0), put16(out, 0), put16(out, 0), put16(out, 0);
+    put32(out, 0), put32(out, 0xFFFFFFFF), put32(out, 0xFFFFFFFF);
+    put16(out, static_cast<std::uint32_t>(name.size())), put16(out, 20);
+    out += name;
+    put16(out, 1), put16(out, 16), put64(out, data.size()), put64(out, data.size());
+    out += data;
+    central += "PK\x01\x02";
+    put16(central, 45), put16(central, 45), put16(central, 0), put16(central, 0);
+    put16(central, 0), put16(central, 0);
+    put32(central, 0), put32(central, 0xFFFFFFFF), put32(central, 0xFFFFFFFF);
+    put16(central, static_cast<std::uint32_t>(name.size()));
+    put16(central, 28), put16(central, 0), put16(central, 0), put16(central, 0);
+    put32(central, 0), put32(central, 0xFFFFFFFF);
+    central += name;
+    put16(central, 1), put16(central, 24);
+    put64(central, data.size()), put64(central, data.size()), put64(central, offset);
+  }
+  const auto cd_offset = static_cast<std::uint64_t>(out.size());
+  out += central;
+  const auto z64 = static_cast<std::uint64_t>(out.size());
+  out += "PK\x06\x06";
+  put64(out, 44), put16(out, 45), put16(out, 45), put32(out, 0), put32(out, 0);
+  put64(out, files.size()), put64(out, files.size()), put64(out, central.size());
+  put64(out, cd_offset);
+  out += "PK\x06\x07";
+  put32(out, 0), put64(out, z64), put32(out, 1);
+  out += "PK\x05\x06";
+  put16(out, 0), put16(out, 0), put16(out, 0xFFFF), put16(out, 0xFFFF);
+  put32(out, 0xFFFFFFFF), put32(out, 0xFFFFFFFF), put16(out, 0);
+  return std::make_shared<const std::vector<std::uint8_t>>(out.begin(), out.end());
+}
+
 std::string unicode(const std::string& s) {
   std::string r = "X";
   put32(r, static_cast<std::uint32_t>(s.size()));
@@ -338,6 +385,14 @@ TEST(UnitArchive, HandBuiltArchive) {
   const auto half = make_zip(
       {{"data.pkl", pickle_tensor("HalfStorage", 4, 4)}, {"data/0", std::string(8, '\0')}});
   EXPECT_EQ(core::TorchScriptArchive::from_buffer(half).tensors()[0].dtype, at::kHalf);
+}
+
+TEST(UnitArchive, Zip64Directory) {
+  const auto zip = make_zip64({{"data.pkl", pickle_tensor("FloatStorage", 4, 2, 2)},
+                               {"data/0", floats({1.f, 2.f, 3.f, 4.f})}});
+  const auto a = core::TorchScriptArchive::from_buffer(zip, "z64.pt2");
+  ASSERT_EQ(a.tensors().size(), 1u);
+  EXPECT_TRUE(at::equal(a.tensor(a.tensors()[0]), at::tensor({3.f, 4.f})));
 }
 
 TEST(UnitArchive, TruncatedRecordsAndArchives) {
