@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,7 +48,22 @@ def section_for(report: dict, path: str) -> list[str]:
               f"{', AVX512-BF16' if meta['avx512_bf16'] else ''}), device {meta['device']}, "
               f"torch {meta['torch']}; load x{p['load_repeats']}, first call, {p['warmup']} "
               f"warm-up, median of {p['rounds']} rounds x {p['calls']} calls, modes alternating; "
-              f"[`{path}`]({path}).", ""]
+              f"[`{path}`]({path})."]
+    if not meta["quick"] and (p["warmup"], p["rounds"], p["calls"]) != (3, 3, 5):
+        lines.append("A reduced protocol (the design's is 3 warm-ups and 3 rounds x 5 calls): one "
+                     "full-size call takes tens of seconds on this machine.")
+    background, used = [], []
+    for r in report["results"]:
+        for c in r["columns"].values():
+            background += c.get("background_cpus", [])
+            for ms, cpu in zip(c.get("rounds_ms", []), c.get("rounds_cpu_ms", [])):
+                used += [b / a for a, b in zip(ms, cpu)]
+    if background:
+        lines.append(f"The machine is shared: other jobs used {statistics.median(background):.2f} "
+                     f"CPUs (median, max {max(background):.2f}) just before the timed calls, which "
+                     f"kept {statistics.median(used):.2f} CPUs busy themselves; ratios compare "
+                     "rounds taken side by side, absolute times are not those of an idle machine.")
+    lines.append("")
 
     # Ratios first: speed, then peak memory, against the original in Python.
     head = "| image | " + " | ".join(c["title"] for c in modes) + " |"
@@ -95,9 +111,12 @@ def section_for(report: dict, path: str) -> list[str]:
         by = r["columns"]
         cells = [f"{by[c['id']]['median_ms']:.0f}" if c["id"] in by else "n/a" for c in all_cols]
         lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
-    missing = [c for c in report["columns"] if c.get("reason")]
-    if missing:
-        lines += [""] + [f"Not run: {c['title']} ({c['reason']})." for c in missing[:1]]
+    reasons: dict[str, list[str]] = {}
+    for c in report["columns"]:
+        if c.get("reason"):
+            reasons.setdefault(c["reason"], []).append(c["title"])
+    for reason, titles in reasons.items():
+        lines += ["", f"Not run: {', '.join(titles)} ({reason})."]
     lines.append("")
     return lines
 

@@ -13,6 +13,7 @@
 // the core directly with an ATen resize in place of OpenCV's.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,6 +120,36 @@ bool cpu_flag(const std::string& flag) {
       return (line + " ").find(" " + flag + " ") != std::string::npos;
   }
   return false;
+}
+
+// User + system CPU time of this process, all threads, in ms.
+double process_cpu_ms() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return (static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+// Busy CPUs (0 .. cores) over `ms` milliseconds, from /proc/stat. Called while every worker is
+// idle, so it measures the other jobs on the machine.
+double busy_cpus(int ms) {
+  auto sample = [] {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    std::uint64_t v[8] = {};
+    in >> cpu >> v[0] >> v[1] >> v[2] >> v[3] >> v[4] >> v[5] >> v[6] >> v[7];
+    const std::uint64_t idle = v[3] + v[4];
+    std::uint64_t total = 0;
+    for (auto x : v) total += x;
+    return std::pair<std::uint64_t, std::uint64_t>{total - idle, total};
+  };
+  const auto a = sample();
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  const auto b = sample();
+  const double total = static_cast<double>(b.second - a.second);
+  return total > 0 ? static_cast<double>(b.first - a.first) / total *
+                         static_cast<double>(std::thread::hardware_concurrency())
+                   : 0.0;
 }
 
 // ---- inputs -----------------------------------------------------------------------------------
@@ -365,12 +396,16 @@ int run_worker(const WorkerOptions& o) {
 
   std::vector<std::vector<std::uint8_t>> images;
   int h = 0, w = 0;
+  double cpu_ms = 0;  // CPU time of the last call, all threads
   auto call = [&] {
     sync(o.device);
+    const double c0 = process_cpu_ms();
     const auto t0 = Clock::now();
     pipe->segment(images, h, w);
     sync(o.device);
-    return ms_since(t0);
+    const double ms = ms_since(t0);
+    cpu_ms = process_cpu_ms() - c0;
+    return ms;
   };
   for (std::string line; std::getline(std::cin, line);) {
     if (line.empty()) continue;
@@ -390,9 +425,12 @@ int run_worker(const WorkerOptions& o) {
         reset_peaks(o.device);
         reply({{"first_ms", first}, {"warmup_ms", warm}});
       } else if (kind == "run") {
-        std::vector<double> ms;
-        for (int i = 0; i < cmd.at("calls").get<int>(); ++i) ms.push_back(call());
-        reply({{"ms", ms}});
+        std::vector<double> ms, cpu;
+        for (int i = 0; i < cmd.at("calls").get<int>(); ++i) {
+          ms.push_back(call());
+          cpu.push_back(cpu_ms);
+        }
+        reply({{"ms", ms}, {"cpu_ms", cpu}});
       } else if (kind == "peak") {
         reply(memory_peaks(o.device));
       } else if (kind == "outputs") {
@@ -503,6 +541,7 @@ struct Options {
   };
   std::vector<Config> configs;
   int threads = 0, warmup = 3, rounds = 3, calls = 5, load_repeats = 3;
+  double wait_quiet = 0;  // seconds to wait, before each timed round, for other jobs to calm down
   std::string json_out, md_out;
   std::string worker_mode, worker_dtype;
 };
@@ -515,13 +554,15 @@ const char* kUsage =
               [--sizes 480x640,720x1280,...] [--batch 1,8] [--threads N]
               [--warmup 3] [--rounds 3] [--calls 5] [--load-repeats 3]
               [--json FILE] [--markdown FILE] [--python PY] [--python-script original_python.py]
-              [--accept-noncommercial]
+              [--wait-quiet SECONDS] [--accept-noncommercial]
 
 --quick: the tiny_b fixture (fast to run, not representative of full-size speed), 480x640 at
 batch 1 and 8, 1080x1920 and 3000x4000 at batch 1, 1 warm-up, 2 rounds x 3 calls; a few minutes
 on 2 cores. --model defaults to the quick fixture with --quick and to sapiens-seg-0.3b-goliath
 otherwise. --dtype applies to portable and kernels; the original runs in float32.
 OMP_NUM_THREADS is honoured as LibTorch and PyTorch honour it; --threads overrides it.
+--wait-quiet S: before each timed call, wait up to S seconds until other jobs use less than a
+fifth of a core (the load seen is recorded either way); for machines shared with other work.
 )";
 
 std::pair<int, int> parse_size(const std::string& s) {
@@ -573,6 +614,8 @@ Options parse_args(int argc, char** argv, std::string& command) {
       o.calls = std::stoi(value(i));
     else if (a == "--load-repeats")
       o.load_repeats = std::stoi(value(i));
+    else if (a == "--wait-quiet")
+      o.wait_quiet = std::stod(value(i));
     else if (a == "--json")
       o.json_out = value(i);
     else if (a == "--markdown")
@@ -688,7 +731,13 @@ std::string markdown(const json& report) {
      << "- protocol: load x" << meta["protocol"]["load_repeats"].get<int>() << ", first call, "
      << meta["protocol"]["warmup"].get<int>() << " warm-up, peak reset, median of "
      << meta["protocol"]["rounds"].get<int>() << " rounds x median of "
-     << meta["protocol"]["calls"].get<int>() << " calls, rounds alternating between modes\n"
+     << meta["protocol"]["calls"].get<int>() << " calls, rounds alternating between modes"
+     << (meta["protocol"]["wait_quiet_s"].get<double>() > 0
+             ? ", each round waiting (up to " +
+                   fmt(meta["protocol"]["wait_quiet_s"].get<double>()) +
+                   " s) for other jobs to use under 0.2 CPUs"
+             : std::string())
+     << "\n"
      << "- command: `" << meta["command"].get<std::string>() << "`\n\n";
 
   std::vector<std::string> ids, titles;
@@ -773,6 +822,29 @@ std::string markdown(const json& report) {
   }
   md << "\n";
 
+  // How much of the machine the timed calls had: other jobs' CPUs just before each call, and the
+  // CPUs each call used itself.
+  std::vector<double> background, used;
+  for (const auto& r : report["results"]) {
+    for (const auto& [id, c] : r["columns"].items()) {
+      for (const auto& b : c.value("background_cpus", json::array())) background.push_back(b);
+      const auto& ms = c.value("rounds_ms", json::array());
+      const auto& cpu = c.value("rounds_cpu_ms", json::array());
+      for (size_t i = 0; i < std::min(ms.size(), cpu.size()); ++i) {
+        if (!ms[i].is_array() || !cpu[i].is_array()) continue;
+        for (size_t j = 0; j < std::min(ms[i].size(), cpu[i].size()); ++j) {
+          used.push_back(cpu[i][j].get<double>() / ms[i][j].get<double>());
+        }
+      }
+    }
+  }
+  if (!background.empty()) {
+    md << "Other jobs on the machine used " << fmt(median(background), 2) << " CPUs (median; max "
+       << fmt(*std::max_element(background.begin(), background.end()), 2)
+       << ") just before the timed calls, which themselves kept " << fmt(median(used), 2)
+       << " CPUs busy (median).\n\n";
+  }
+
   table("Time per call, ms (first call in brackets)", "", [](const json& c, const json&) {
     return fmt(json_median(c, "median_ms")) + " (" + fmt(json_median(c, "first_ms")) + ")";
   });
@@ -795,6 +867,15 @@ std::string markdown(const json& report) {
   }
   if (any_missing) md << "\n";
   return md.str();
+}
+
+// The CPUs other jobs keep busy, sampled over a second; with a budget, samples again (for up to
+// `seconds`) until that falls under a fifth of a core.
+double wait_for_quiet(double seconds) {
+  const auto t0 = Clock::now();
+  double busy = busy_cpus(1000);
+  while (busy > 0.2 && ms_since(t0) < seconds * 1e3) busy = busy_cpus(1000);
+  return busy;
 }
 
 // Every column's outputs for one synthetic image against the reference column's (the original in
@@ -945,6 +1026,8 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
                                         {"batch", batch},
                                         {"warmup", o.warmup}});
           per[c.id]["rounds_ms"] = json::array();
+          per[c.id]["rounds_cpu_ms"] = json::array();
+          per[c.id]["background_cpus"] = json::array();
         } catch (const std::exception& e) {
           fail(c, e);
         }
@@ -953,9 +1036,12 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
         for (auto& c : cols) {
           if (!c.child) continue;
           try {
+            const double background = wait_for_quiet(o.wait_quiet);
             const json got = c.child->request({{"cmd", "run"}, {"calls", o.calls}});
-            const auto ms = got["ms"].get<std::vector<double>>();
+            const auto ms = got.at("ms").get<std::vector<double>>();
             per[c.id]["rounds_ms"].push_back(ms);
+            per[c.id]["rounds_cpu_ms"].push_back(got.value("cpu_ms", json::array()));
+            per[c.id]["background_cpus"].push_back(background);
             round_medians[c.id].push_back(median(ms));
           } catch (const std::exception& e) {
             fail(c, e);
@@ -1029,14 +1115,16 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
        {{"warmup", o.warmup},
         {"rounds", o.rounds},
         {"calls", o.calls},
-        {"load_repeats", o.load_repeats}}},
+        {"load_repeats", o.load_repeats},
+        {"wait_quiet_s", o.wait_quiet}}},
       {"command", command},
   };
   json report = {{"meta", meta},         {"columns", columns}, {"load_ms", load},
                  {"accuracy", accuracy}, {"workers", workers}, {"results", results}};
+  // The measurements first: a report that fails to format must not lose them.
+  if (!o.json_out.empty()) std::ofstream(o.json_out) << report.dump(2) << "\n";
   const std::string md = markdown(report);
   std::cout << md;
-  if (!o.json_out.empty()) std::ofstream(o.json_out) << report.dump(2) << "\n";
   if (!o.md_out.empty()) std::ofstream(o.md_out) << md;
   return 0;
 }
