@@ -1,18 +1,13 @@
 #include "safetensors.hpp"
 
 #include <bit>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <utility>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 
+#include "mapped_file.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core {
@@ -21,20 +16,6 @@ namespace {
 // The format stores little-endian data; the views below reinterpret it in place.
 static_assert(std::endian::native == std::endian::little,
               "safetensors views need a little-endian host");
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 
@@ -65,43 +46,18 @@ at::ScalarType to_scalar_type(SafetensorsDtype dtype) noexcept {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      throw Error(ErrorCode::kNotFound, "safetensors file not found: " + path);
-    }
-    throw Error(ErrorCode::kIo, "cannot open safetensors file " + path + ": " + std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    throw Error(ErrorCode::kIo,
-                "cannot stat safetensors file " + path + ": " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw Error(ErrorCode::kIo, "safetensors file " + path + " is not a regular file");
-  }
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size < 8) {
-    // Nothing to map (mmap refuses length 0); the header parser gives the usual message and
-    // reads none of these bytes.
+  MappedFile m = map_file(path, "safetensors file");
+  if (m.size < 8) {
+    // Too short for the header length; the header parser gives the usual message and reads none
+    // of these bytes.
     const std::uint8_t none[8] = {};
-    parse_safetensors_header(none, size, path);
-  }
-  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (addr == MAP_FAILED) {
-    throw Error(ErrorCode::kIo,
-                "cannot map safetensors file " + path + ": " + std::strerror(errno));
+    parse_safetensors_header(none, m.size, path);
   }
   SafetensorsFile f;
-  // The mapping outlives the descriptor (closed on return) and this object: every view holds it.
-  // A file truncated by someone else while mapped would fault (SIGBUS) on access, as with any
-  // mmap-based reader.
-  f.owner_ = std::shared_ptr<const void>(
-      addr, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  f.owner_ = std::move(m.owner);  // every view holds the mapping
   f.source_ = path;
-  f.base_ = static_cast<const std::uint8_t*>(addr);
-  f.size_ = size;
+  f.base_ = m.data;
+  f.size_ = m.size;
   f.header_ = parse_safetensors_header(f.base_, f.size_, f.source_);
   return f;
 }

@@ -1,21 +1,16 @@
 #include "torchscript_archive.hpp"
 
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <utility>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 
+#include "mapped_file.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core {
@@ -39,20 +34,6 @@ std::uint32_t u32(const std::uint8_t* p) {
 std::uint64_t u64(const std::uint8_t* p) {
   return static_cast<std::uint64_t>(u32(p)) | (static_cast<std::uint64_t>(u32(p + 4)) << 32);
 }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // ---- the unpickler ---------------------------------------------------------------------------
 
@@ -526,33 +507,13 @@ PickledModule unpickle_module_tree(const std::uint8_t* data, std::size_t size,
 }
 
 TorchScriptArchive TorchScriptArchive::open(const std::string& path) {
-  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    if (err == ENOENT || err == ENOTDIR)
-      throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
-    throw Error(ErrorCode::kIo, "cannot open checkpoint " + path + ": " + std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    throw Error(ErrorCode::kIo, "cannot stat checkpoint " + path + ": " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode))
-    throw Error(ErrorCode::kIo, "checkpoint " + path + " is not a regular file");
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size < 22) malformed(path, "the file is only " + std::to_string(size) + " bytes");
-  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (addr == MAP_FAILED) {
-    throw Error(ErrorCode::kIo, "cannot map checkpoint " + path + ": " + std::strerror(errno));
-  }
+  MappedFile m = map_file(path, "checkpoint");
+  if (m.size < 22) malformed(path, "the file is only " + std::to_string(m.size) + " bytes");
   TorchScriptArchive a;
-  // Every tensor view holds the mapping; a file truncated by someone else while mapped would
-  // fault (SIGBUS) on access, as with any mmap-based reader.
-  a.owner_ = std::shared_ptr<const void>(
-      addr, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  a.owner_ = std::move(m.owner);  // every tensor view holds the mapping
   a.source_ = path;
-  a.base_ = static_cast<const std::uint8_t*>(addr);
-  a.size_ = size;
+  a.base_ = m.data;
+  a.size_ = m.size;
   a.parse();
   return a;
 }
