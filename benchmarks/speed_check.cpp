@@ -249,18 +249,13 @@ const char* kPipeline = "public API (sapiens_seg::load, Model::segment)";
 
 namespace core = sapiens_seg::core;
 
-// The library's pipeline rebuilt from the core: bilinear resize (ATen here, OpenCV in the
-// library), normalisation, the network, the fused upsample + argmax.
+// The library's device pipeline rebuilt from the core (the build on the GPU machine has no IO
+// layer): core::resize_normalize, the network, core::upsample_argmax_labels.
 class CorePipeline final : public Pipeline {
  public:
   explicit CorePipeline(const WorkerOptions& o) {
     if (o.threads > 0) at::set_num_threads(o.threads);
     const c10::Device device = core::resolve_device(o.device);
-    if (o.mode == "kernels") {
-      throw sapiens_seg::Error(
-          sapiens_seg::ErrorCode::kBackendUnavailable,
-          "kernels mode unavailable: " + core::kernels_unavailable_reason(device));
-    }
     sapiens_seg::DType dt = sapiens_seg::DType::kDefault;
     if (o.dtype == "float32") dt = sapiens_seg::DType::kFloat32;
     if (o.dtype == "bfloat16") dt = sapiens_seg::DType::kBFloat16;
@@ -270,31 +265,32 @@ class CorePipeline final : public Pipeline {
     core::v1::ConfigHints hints;
     if (ckpt.heads_from_graph) hints.heads = *ckpt.heads_from_graph;
     cfg_ = core::v1::infer_config(ckpt.tensors, hints);
-    runner_ = o.mode == "original" ? core::make_original_v1(ckpt, cfg_, device, dtype)
-                                   : core::make_portable_v1(ckpt, cfg_, device, dtype);
+    runner_ = o.mode == "original"  ? core::make_original_v1(ckpt, cfg_, device, dtype)
+              : o.mode == "kernels" ? core::make_kernels_v1(ckpt, cfg_, device, dtype)
+                                    : core::make_portable_v1(ckpt, cfg_, device, dtype);
   }
+  // Model::segment's device pipeline: the uint8 image uploaded through pinned staging, resized
+  // and normalised where the network runs, labels computed there (the CPU runs the same ops).
   at::Tensor preprocess(const std::vector<std::uint8_t>& px, int h, int w) const {
     static const std::array<float, 3> kMean{123.5f, 116.5f, 103.5f}, kStd{58.5f, 57.0f, 57.5f};
-    at::Tensor img = at::from_blob(const_cast<std::uint8_t*>(px.data()), {1, h, w, 3}, at::kByte)
-                         .permute({0, 3, 1, 2})
-                         .to(at::kFloat);
-    img = at::upsample_bilinear2d(img, {cfg_.input_h, cfg_.input_w}, false)
-              .round()
-              .clamp(0, 255)
-              .to(at::kByte)
-              .permute({0, 2, 3, 1})
-              .contiguous();
-    return core::normalize_rgb(img.data_ptr<std::uint8_t>(), static_cast<int>(cfg_.input_h),
-                               static_cast<int>(cfg_.input_w),
-                               static_cast<std::size_t>(cfg_.input_w * 3), kMean, kStd);
+    const c10::Device dev = runner_->device();
+    at::Tensor img = at::from_blob(const_cast<std::uint8_t*>(px.data()), {h, w, 3}, at::kByte);
+    if (!dev.is_cpu()) {
+      at::Tensor staged =
+          at::empty({h, w, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+      staged.copy_(img);
+      img = staged.to(dev, /*non_blocking=*/true);
+    }
+    return core::resize_normalize(img, cfg_.input_h, cfg_.input_w, kMean, kStd);
   }
   void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
     std::vector<at::Tensor> inputs;
     for (const auto& px : images) inputs.push_back(preprocess(px, h, w));
-    const at::Tensor logits = runner_->forward(at::stack(inputs));
-    std::vector<std::uint8_t> labels(static_cast<size_t>(h) * w);
+    const at::Tensor logits = runner_->forward_device(at::stack(inputs));
+    const bool gpu = !runner_->device().is_cpu();
+    at::Tensor host = at::empty({h, w}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
     for (size_t i = 0; i < images.size(); ++i) {
-      core::upsample_argmax(logits[static_cast<int64_t>(i)].contiguous(), h, w, labels.data());
+      host.copy_(core::upsample_argmax_labels(logits[static_cast<int64_t>(i)], h, w));
     }
   }
   std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
@@ -319,7 +315,7 @@ class CorePipeline final : public Pipeline {
 std::unique_ptr<Pipeline> make_pipeline(const WorkerOptions& o) {
   return std::make_unique<CorePipeline>(o);
 }
-const char* kPipeline = "core (no IO layer in this build: ATen resize instead of OpenCV)";
+const char* kPipeline = "core, device pipeline (no IO layer in this build: no OpenCV)";
 
 #endif
 

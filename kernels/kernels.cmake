@@ -12,7 +12,8 @@ add_library(sapiens_seg_kernels STATIC
   ${CMAKE_SOURCE_DIR}/kernels/cudnn_hacc/attention.cpp
   ${CMAKE_SOURCE_DIR}/kernels/seg_up/seg_up.cu
   ${CMAKE_SOURCE_DIR}/kernels/seg_up/head.cpp
-  ${CMAKE_SOURCE_DIR}/src/core/kernels_runner.cpp)
+  ${CMAKE_SOURCE_DIR}/src/core/kernels_runner.cpp
+  ${CMAKE_SOURCE_DIR}/src/core/cuda_graphs.cpp)
 target_include_directories(sapiens_seg_kernels PUBLIC
   ${CMAKE_SOURCE_DIR}
   $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include>

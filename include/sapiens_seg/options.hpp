@@ -27,6 +27,18 @@ enum class DType {
 // checkpoints were trained with. The difference is below 0.25 on the 0-255 scale.
 enum class Normalization { kDemo, kTraining };
 
+// Where the work around the network runs. On the host: OpenCV resizes the decoded image, the
+// normalised float image is handed to the network, and its logits come back as float32 for the
+// upsample + argmax (the authors' demo pipeline). On the device: the decoded image is uploaded
+// as uint8 (through pinned staging on CUDA), resized and normalised where the network runs (the
+// same bytes: OpenCV's fixed-point bilinear arithmetic on tensor ops), and only the uint8 label
+// map comes back. Sapiens2's area/cubic resize always runs on the host (OpenCV's filters).
+enum class Pipeline {
+  kAuto,  // device for CUDA models, host for CPU ones
+  kHost,
+  kDevice,  // also valid on the CPU, where it runs the same tensor code as on CUDA
+};
+
 struct LoadOptions {
   Mode mode = Mode::kAuto;
   std::string device;  // "" (auto: cuda if present, else cpu), "cpu", "cuda", "cuda:N"
@@ -41,6 +53,11 @@ struct LoadOptions {
   // than the training size resizes the position embedding bicubically, as the eager model does.
   int input_height = 0;
   int input_width = 0;
+  Pipeline pipeline = Pipeline::kAuto;
+  // On CUDA, capture the network as a CUDA graph for each batch shape (up to this many per
+  // model, most recent kept) and replay it: far fewer kernel launches. Each graph keeps its
+  // activations' memory reserved. 0 runs every call eagerly.
+  int cuda_graphs = 4;
   // Intra-op CPU threads (0 = LibTorch's default, one per core).
   int threads = 0;
   // Downloads of missing weights (see weights.hpp): progress callback and HF_TOKEN opt-in.

@@ -53,6 +53,7 @@ __all__ = ["Backend", "Model", "ModelInfo", "Result", "load", "read_image"]
 _MODES = ("auto", "portable", "kernels", "original")
 _DTYPES = ("float32", "float16", "bfloat16")
 _NORMALIZATIONS = ("demo", "training")
+_PIPELINES = ("auto", "host", "device")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -268,7 +269,7 @@ class Model:
 def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any = None,
          dtype: Any = None, logits: bool = False, *, normalization: str = "demo",
          accept_noncommercial: bool = False, allow_unverified: bool = False, threads: int = 0,
-         input_size: tuple[int, int] | None = None) -> Model:
+         input_size: tuple[int, int] | None = None, pipeline: str = "auto") -> Model:
     """Loads a Sapiens segmentation model.
 
     Args:
@@ -295,6 +296,11 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
         allow_unverified: load weights whose card has no pinned SHA-256.
         threads: LibTorch intra-op CPU threads, process-wide (0: one per core).
         input_size: network input (height, width) instead of the checkpoint's.
+        pipeline: where the work around the network runs: ``"host"`` (OpenCV resize and
+            normalisation, logits back to the host for the upsample + argmax, as the authors'
+            demo), ``"device"`` (the image is uploaded as uint8, resized, normalised, upsampled
+            and reduced to labels where the network runs; the resize reproduces OpenCV's bytes)
+            or ``"auto"`` (device on CUDA, host on the CPU).
 
     Returns:
         A :class:`Model`; the GIL is released while it loads.
@@ -328,6 +334,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
     accept_noncommercial = _check_bool(accept_noncommercial, "accept_noncommercial")
     allow_unverified = _check_bool(allow_unverified, "allow_unverified")
     threads = _check_int(threads, "threads", minimum=0)
+    pipeline = _check_choice(pipeline, "pipeline", _PIPELINES)
     in_h = in_w = 0
     if input_size is not None:
         if not isinstance(input_size, (tuple, list)) or len(input_size) != 2:
@@ -335,7 +342,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
         in_h = _check_int(input_size[0], "input_size", minimum=1)
         in_w = _check_int(input_size[1], "input_size", minimum=1)
     native = _core.load(os.fsencode(name_or_path), mode, device_s, dtype_s, normalization,
-                        accept_noncommercial, allow_unverified, threads, in_h, in_w)
+                        accept_noncommercial, allow_unverified, threads, in_h, in_w, pipeline)
     return Model(native, logits)
 
 

@@ -222,10 +222,17 @@ ss::Normalization parse_normalization(const std::string& s) {
   throw py::value_error("normalization: expected 'demo' or 'training', got '" + s + "'");
 }
 
+ss::Pipeline parse_pipeline(const std::string& s) {
+  if (s == "auto") return ss::Pipeline::kAuto;
+  if (s == "host") return ss::Pipeline::kHost;
+  if (s == "device") return ss::Pipeline::kDevice;
+  throw py::value_error("pipeline: expected 'auto', 'host' or 'device', got '" + s + "'");
+}
+
 ss::Model load(const py::bytes& name, const std::string& mode, const std::string& device,
                const std::string& dtype, const std::string& normalization,
                bool accept_noncommercial, bool allow_unverified, int threads, int input_height,
-               int input_width) {
+               int input_width, const std::string& pipeline) {
   ss::LoadOptions opt;
   opt.mode = parse_mode(mode);
   opt.device = device;
@@ -236,6 +243,7 @@ ss::Model load(const py::bytes& name, const std::string& mode, const std::string
   opt.threads = threads;
   opt.input_height = input_height;
   opt.input_width = input_width;
+  opt.pipeline = parse_pipeline(pipeline);
   const std::string id = path_arg(name, "name_or_path");
   py::gil_scoped_release nogil;
   return ss::load(id, opt);
@@ -461,7 +469,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("load", &load, py::arg("name_or_path"), py::arg("mode"), py::arg("device"),
         py::arg("dtype"), py::arg("normalization"), py::arg("accept_noncommercial"),
         py::arg("allow_unverified"), py::arg("threads"), py::arg("input_height"),
-        py::arg("input_width"), "Loads a model; the GIL is released while it loads.");
+        py::arg("input_width"), py::arg("pipeline") = "auto",
+        "Loads a model; the GIL is released while it loads.");
   m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
   m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
   m.def("read_image", &read_image, py::arg("item"),

@@ -2,6 +2,8 @@
 #include "sapiens_seg/model.hpp"
 
 #include <ATen/Parallel.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
 #include <cstring>
@@ -99,6 +101,7 @@ struct Model::Impl {
   std::array<float, 3> mean{}, std{};
   int input_h = 0, input_w = 0;
   std::string resize = "linear";  // or "area_or_cubic" (see Card::resize)
+  bool device_pipeline = false;   // see Pipeline in options.hpp
   std::unique_ptr<core::Runner> runner;
 };
 
@@ -321,6 +324,12 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   impl->input_h = static_cast<int>(cfg.input_h);
   impl->input_w = static_cast<int>(cfg.input_w);
   impl->resize = card ? card->resize : (family == "sapiens2" ? "area_or_cubic" : "linear");
+  if (opt.cuda_graphs > 0) {
+    impl->runner =
+        core::with_cuda_graphs(std::move(impl->runner), static_cast<std::size_t>(opt.cuda_graphs));
+  }
+  impl->device_pipeline = opt.pipeline == Pipeline::kDevice ||
+                          (opt.pipeline == Pipeline::kAuto && !impl->runner->device().is_cpu());
   const std::optional<Card> labels = card ? card : labels_for(family, cfg.num_classes);
   if (labels) {
     impl->classes = labels->classes;
@@ -372,54 +381,118 @@ Result Model::segment(const Input& input, const SegmentOptions& options) const {
   return std::move(segment(std::span<const Input>(&input, 1), options).front());
 }
 
+namespace {
+
+std::string describe(const Input& input, std::size_t i) {
+  return input.kind() == Input::Kind::kFile ? input.path()
+                                            : "image " + std::to_string(i) + " of the batch";
+}
+
+at::Tensor run_network(const core::Runner& runner, const at::Tensor& x, bool on_device) {
+  try {
+    return on_device ? runner.forward_device(x) : runner.forward(x);
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    throw Error(ErrorCode::kInternal, "inference failed: " + why.substr(0, why.find('\n')));
+  }
+}
+
+// Logits of one image to the host as contiguous float32 [K, h, w], then the CPU upsample +
+// argmax (and the full-size or raw logits when asked for).
+void finish_on_host(Result& r, const at::Tensor& logits, const SegmentOptions& options) {
+  const at::Tensor one = logits.to(at::kCPU, at::kFloat).contiguous();
+  r.labels.resize(static_cast<std::size_t>(r.height) * r.width);
+  if (options.logits) r.logits.resize(static_cast<std::size_t>(one.size(0)) * r.labels.size());
+  core::upsample_argmax(one, r.height, r.width, r.labels.data(),
+                        options.logits ? r.logits.data() : nullptr);
+  if (options.raw_logits) {
+    r.raw_height = static_cast<int>(one.size(1));
+    r.raw_width = static_cast<int>(one.size(2));
+    r.raw_logits.assign(one.const_data_ptr<float>(), one.const_data_ptr<float>() + one.numel());
+  }
+}
+
+// The decoded image as a uint8 [h, w, 3] tensor on `device`. For a GPU it goes through pinned
+// (page-locked) staging from LibTorch's caching host allocator and is copied asynchronously, so
+// the upload overlaps the decoding of the next image; the allocator keeps the staging block
+// until the copy has finished.
+at::Tensor upload(const cv::Mat& rgb, const c10::Device& device) {
+  const bool gpu = !device.is_cpu();
+  at::Tensor host =
+      at::empty({rgb.rows, rgb.cols, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
+  auto* dst = host.data_ptr<std::uint8_t>();
+  const auto row = static_cast<std::size_t>(rgb.cols) * 3;
+  for (int y = 0; y < rgb.rows; ++y) std::memcpy(dst + y * row, rgb.ptr<std::uint8_t>(y), row);
+  return gpu ? host.to(device, /*non_blocking=*/true) : host;
+}
+
+}  // namespace
+
 std::vector<Result> Model::segment(std::span<const Input> batch,
                                    const SegmentOptions& options) const {
   const Impl& m = *impl_;
   if (batch.empty()) return {};
   const auto t_start = Clock::now();
+  const bool on_device = m.device_pipeline;
+  const c10::Device device = m.runner->device();
+  // On a GPU each call queues its work on a stream of its own, so calls from several threads
+  // overlap (one call's upload and resize with another's network).
+  std::optional<c10::StreamGuard> stream;
+  if (on_device && !device.is_cpu()) {
+    stream.emplace(c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device));
+  }
   std::vector<Result> results(batch.size());
   std::vector<at::Tensor> inputs;
   inputs.reserve(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    const std::string what = batch[i].kind() == Input::Kind::kFile
-                                 ? batch[i].path()
-                                 : "image " + std::to_string(i) + " of the batch";
     auto t0 = Clock::now();
-    const cv::Mat rgb = io::load_input(batch[i], what);
+    cv::Mat rgb = io::load_input(batch[i], describe(batch[i], i));
     results[i].timings.decode = ms_since(t0);
-    t0 = Clock::now();
-    const cv::Mat resized = m.resize == "area_or_cubic"
-                                ? io::resize_area_or_cubic(rgb, m.input_h, m.input_w)
-                                : io::resize_linear(rgb, m.input_h, m.input_w);
-    inputs.push_back(
-        core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step, m.mean, m.std));
-    results[i].timings.preprocess = ms_since(t0);
     results[i].height = rgb.rows;
     results[i].width = rgb.cols;
+    t0 = Clock::now();
+    if (!on_device) {
+      const cv::Mat resized = m.resize == "area_or_cubic"
+                                  ? io::resize_area_or_cubic(rgb, m.input_h, m.input_w)
+                                  : io::resize_linear(rgb, m.input_h, m.input_w);
+      inputs.push_back(core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step,
+                                           m.mean, m.std));
+    } else {
+      // Sapiens2's area/cubic filters have no device counterpart here: OpenCV resizes, the
+      // device normalises.
+      if (m.resize == "area_or_cubic") rgb = io::resize_area_or_cubic(rgb, m.input_h, m.input_w);
+      inputs.push_back(
+          core::resize_normalize(upload(rgb, device), m.input_h, m.input_w, m.mean, m.std));
+    }
+    // On a GPU this is the time to queue the work; the device time shows in `network`.
+    results[i].timings.preprocess = ms_since(t0);
   }
 
   const auto t_net = Clock::now();
-  at::Tensor logits;
-  try {
-    logits = m.runner->forward(at::stack(inputs));
-  } catch (const c10::Error& e) {
-    std::string why = e.what_without_backtrace();
-    throw Error(ErrorCode::kInternal, "inference failed: " + why.substr(0, why.find('\n')));
-  }
+  const at::Tensor logits = run_network(*m.runner, at::stack(inputs), on_device);
+  inputs.clear();
+  if (stream) stream->current_stream().synchronize();
   const double net_ms = ms_since(t_net);
 
   for (std::size_t i = 0; i < batch.size(); ++i) {
     Result& r = results[i];
     const auto t0 = Clock::now();
-    const at::Tensor one = logits[static_cast<int64_t>(i)].contiguous();
-    r.labels.resize(static_cast<std::size_t>(r.height) * r.width);
-    if (options.logits) r.logits.resize(static_cast<std::size_t>(one.size(0)) * r.labels.size());
-    core::upsample_argmax(one, r.height, r.width, r.labels.data(),
-                          options.logits ? r.logits.data() : nullptr);
-    if (options.raw_logits) {
-      r.raw_height = static_cast<int>(one.size(1));
-      r.raw_width = static_cast<int>(one.size(2));
-      r.raw_logits.assign(one.const_data_ptr<float>(), one.const_data_ptr<float>() + one.numel());
+    const at::Tensor one = logits[static_cast<int64_t>(i)];
+    if (!on_device || options.logits || options.raw_logits) {
+      finish_on_host(r, one, options);
+    } else {
+      const at::Tensor labels = core::upsample_argmax_labels(one, r.height, r.width);
+      r.labels.resize(static_cast<std::size_t>(r.height) * r.width);
+      if (labels.device().is_cpu()) {
+        at::from_blob(r.labels.data(), {r.height, r.width}, at::kByte).copy_(labels);
+      } else {
+        // Through pinned memory: a direct copy to pageable memory is staged by the driver in
+        // small pieces.
+        at::Tensor staged = at::empty({r.height, r.width},
+                                      at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+        staged.copy_(labels);
+        std::memcpy(r.labels.data(), staged.const_data_ptr<std::uint8_t>(), r.labels.size());
+      }
     }
     r.classes = m.classes;
     r.palette = m.palette;

@@ -40,6 +40,7 @@ void print_error(const Error& e) {
 
 struct LoadArgs {
   std::string mode = "auto", device, dtype = "default", normalization = "demo";
+  std::string pipeline = "auto";
   int threads = 0;
   bool accept_nc = false, allow_unverified = false, use_hf_token = false;
 };
@@ -58,6 +59,9 @@ LoadOptions load_options(const LoadArgs& a) {
   o.device = a.device;
   o.dtype = dtypes.at(a.dtype);
   o.normalization = a.normalization == "training" ? Normalization::kTraining : Normalization::kDemo;
+  o.pipeline = a.pipeline == "host"     ? Pipeline::kHost
+               : a.pipeline == "device" ? Pipeline::kDevice
+                                        : Pipeline::kAuto;
   o.accept_noncommercial = a.accept_nc;
   o.allow_unverified = a.allow_unverified;
   o.threads = a.threads;
@@ -197,6 +201,11 @@ int main(int argc, char** argv) try {
   s->add_option("--normalization", la.normalization,
                 "mean/std: the authors' demo or training values")
       ->check(CLI::IsMember({"demo", "training"}))
+      ->capture_default_str();
+  s->add_option("--pipeline", la.pipeline,
+                "resize, normalisation and upsample+argmax on the host (OpenCV, the demo's bytes) "
+                "or where the network runs (auto: device on CUDA)")
+      ->check(CLI::IsMember({"auto", "host", "device"}))
       ->capture_default_str();
   s->add_option("--batch-size,--batch", seg.batch, "images per network call")
       ->check(CLI::Range(1, 256))

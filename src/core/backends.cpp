@@ -80,6 +80,8 @@ class PortableV1 final : public Runner {
   at::Tensor forward(const at::Tensor& x) const override {
     return net_.forward(x).to(at::kCPU, at::kFloat).contiguous();
   }
+  at::Tensor forward_device(const at::Tensor& x) const override { return net_.forward(x); }
+  c10::Device device() const override { return net_.device(); }
   const Backend& backend() const override { return backend_; }
 
  private:
@@ -97,6 +99,8 @@ class PortableV2 final : public Runner {
   at::Tensor forward(const at::Tensor& x) const override {
     return net_.forward(x).to(at::kCPU, at::kFloat).contiguous();
   }
+  at::Tensor forward_device(const at::Tensor& x) const override { return net_.forward(x); }
+  c10::Device device() const override { return net_.device(); }
   const Backend& backend() const override { return backend_; }
 
  private:
@@ -122,20 +126,27 @@ class OriginalV1 final : public Runner {
   }
 
   at::Tensor forward(const at::Tensor& x) const override {
+    return forward_device(x).to(at::kCPU, at::kFloat).contiguous();
+  }
+  at::Tensor forward_device(const at::Tensor& x) const override {
+    check_size(x);
+    c10::InferenceMode guard;
+    // The traced graph is re-entrant: concurrent calls each get their own interpreter frame.
+    return module_->forward({x.to(device_)}).toTensor();
+  }
+  c10::Device device() const override { return device_; }
+  const Backend& backend() const override { return backend_; }
+
+ private:
+  void check_size(const at::Tensor& x) const {
     if (x.size(2) != cfg_.grid_h * cfg_.patch || x.size(3) != cfg_.grid_w * cfg_.patch) {
       throw Error(ErrorCode::kBackendUnavailable,
                   "the original graph was traced at " + std::to_string(cfg_.grid_h * cfg_.patch) +
                       "x" + std::to_string(cfg_.grid_w * cfg_.patch) +
                       " and cannot run another input size; use the portable mode");
     }
-    c10::InferenceMode guard;
-    // The traced graph is re-entrant: concurrent calls each get their own interpreter frame.
-    at::Tensor y = module_->forward({x.to(device_)}).toTensor();
-    return y.to(at::kCPU, at::kFloat).contiguous();
   }
-  const Backend& backend() const override { return backend_; }
 
- private:
   std::shared_ptr<torch::jit::Module> module_;  // shares the weights read at load time
   v1::Config cfg_;
   c10::Device device_;
@@ -177,6 +188,10 @@ std::unique_ptr<Runner> make_kernels_v1(const TorchScriptCheckpoint&, const v1::
                                         c10::Device device, at::ScalarType) {
   throw Error(ErrorCode::kBackendUnavailable,
               "kernels mode unavailable: " + kernels_unavailable_reason(device));
+}
+
+std::unique_ptr<Runner> with_cuda_graphs(std::unique_ptr<Runner> runner, std::size_t) {
+  return runner;
 }
 #endif
 

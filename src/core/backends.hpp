@@ -22,6 +22,11 @@ class Runner {
   // x: [B, 3, H, W] fp32 normalised RGB on the CPU; returns logits [B, K, h, w] fp32 on the CPU
   // (h, w = H/2, W/2 for Sapiens v1 and H, W for Sapiens2). Must be safe to call concurrently.
   virtual at::Tensor forward(const at::Tensor& x) const = 0;
+  // The same logits left where the network computed them: device(), the compute dtype, any
+  // layout (the kernels backend returns a channels-last view). x may already be on device().
+  // The device pipeline of Model::segment upsamples them there; the default is forward().
+  virtual at::Tensor forward_device(const at::Tensor& x) const { return forward(x); }
+  virtual c10::Device device() const { return c10::Device(c10::kCPU); }
   virtual const Backend& backend() const = 0;
 };
 
@@ -46,6 +51,11 @@ std::unique_ptr<Runner> make_portable_v2(const TensorMap& tensors, const v2::Con
 // kernels_unavailable_reason, plus the dtype) or was not compiled in.
 std::unique_ptr<Runner> make_kernels_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
                                         c10::Device device, at::ScalarType dtype);
+
+// `runner` replaying a captured CUDA graph for each input shape it has seen (the `max_graphs`
+// most recent; each keeps its activations' memory). A shape whose capture fails runs eagerly.
+// Returns `runner` itself on the CPU, for max_graphs == 0, and in builds without CUDA kernels.
+std::unique_ptr<Runner> with_cuda_graphs(std::unique_ptr<Runner> runner, std::size_t max_graphs);
 
 // Why the kernels backend cannot run here, or "" when it can.
 std::string kernels_unavailable_reason(const c10::Device& device);

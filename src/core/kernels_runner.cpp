@@ -3,7 +3,9 @@
 // (SAPIENS_SEG_WITH_KERNELS); backends.cpp has the stand-ins otherwise.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <array>
@@ -93,16 +95,42 @@ class KernelsV1 final : public Runner {
   }
 
   at::Tensor forward(const at::Tensor& x) const override {
+    return forward_device(x).to(at::kCPU, at::kFloat).contiguous();
+  }
+
+  // Logits [B, K, 8gh, 8gw] as a view of a channels-last [B, 8gh, 8gw, K] tensor on the GPU, in
+  // the compute dtype: seg_up's upsample + argmax reads that layout directly.
+  at::Tensor forward_device(const at::Tensor& x) const override {
     const auto& c = cfg_;
     if (x.dim() != 4 || x.size(1) != 3 || x.size(2) != c.input_h || x.size(3) != c.input_w) {
       throw Error(ErrorCode::kInvalidInput, "network input must be [B,3," +
                                                 std::to_string(c.input_h) + "," +
                                                 std::to_string(c.input_w) + "]");
     }
-    // One forward pass at a time: the GEMM workspace and the cuDNN handle are shared.
+    // One forward pass at a time: the GEMM workspace and the cuDNN handle are shared. Calls come
+    // on different streams, so this stream also waits until the previous call's kernels are done
+    // with the workspaces.
     std::lock_guard<std::mutex> lock(mu_);
     c10::InferenceMode inference;
     const c10::cuda::CUDAGuard guard(device_);
+    // (Not while a CUDA graph is being captured: the graph runner orders its replays itself,
+    // and a capture may not wait on work recorded outside it.)
+    const auto stream = at::cuda::getCurrentCUDAStream(device_.index());
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    const bool order = capturing == cudaStreamCaptureStatusNone;
+    if (order) done_.block(stream);
+    struct Release {
+      at::cuda::CUDAEvent& e;
+      at::cuda::CUDAStream s;
+      bool on;
+      ~Release() {
+        try {
+          if (on) e.record(s);
+        } catch (...) {  // a failing device reports itself on the next call
+        }
+      }
+    } release{done_, stream, order};
     const int64_t B = x.size(0), C = c.embed_dim, H = c.heads;
     const int64_t gh = c.input_h / c.patch, gw = c.input_w / c.patch, N = gh * gw, M = B * N;
     const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
@@ -135,13 +163,15 @@ class KernelsV1 final : public Runner {
     tok = at::Tensor();
 
     const int64_t K = head_.classes, oh = 8 * gh, ow = 8 * gw;
-    at::Tensor logits = at::empty({B, K, oh, ow}, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor logits = at::empty({B, oh, ow, K}, opts);
     for (int64_t b = 0; b < B; ++b) {
       const at::Tensor lg = seg_up::head_forward(*gemm_, head_, h.narrow(0, b * N, N), gh, gw);
-      logits[b].copy_(lg.narrow(1, 0, K).view({oh, ow, K}).permute({2, 0, 1}).to(at::kFloat));
+      logits[b].copy_(lg.narrow(1, 0, K).view({oh, ow, K}));
     }
-    return logits;
+    return logits.permute({0, 3, 1, 2});
   }
+
+  c10::Device device() const override { return device_; }
 
   const Backend& backend() const override { return backend_; }
 
@@ -160,6 +190,7 @@ class KernelsV1 final : public Runner {
   at::Tensor ln_w_, ln_b_;
   seg_up::HeadWeights head_;
   mutable std::mutex mu_;
+  mutable at::cuda::CUDAEvent done_;  // the last call's use of the shared workspaces
   Backend backend_;
 };
 

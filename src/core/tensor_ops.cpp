@@ -1,12 +1,17 @@
 #include "tensor_ops.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "backends.hpp"
 #include "sapiens_seg/error.hpp"
+#ifdef SAPIENS_SEG_WITH_KERNELS
+#include "kernels/seg_up/head.hpp"
+#endif
 
 namespace sapiens_seg::core {
 
@@ -19,17 +24,8 @@ at::Tensor normalize_rgb(const std::uint8_t* data, int h, int w, std::size_t str
   return (u8.permute({2, 0, 1}).to(at::kFloat) - m) / s;
 }
 
-namespace {
-
-// Source index pair and weights of one output coordinate, by PyTorch's rule for
-// align_corners=False without a scale factor: src = (dst + 0.5) * in / out - 0.5, clamped at 0.
-struct Tap {
-  int64_t i0, i1;
-  float l0, l1;
-};
-
-std::vector<Tap> taps(int64_t in, int64_t out) {
-  std::vector<Tap> t(static_cast<size_t>(out));
+std::vector<BilinearTap> bilinear_taps(int64_t in, int64_t out) {
+  std::vector<BilinearTap> t(static_cast<size_t>(out));
   const float scale = static_cast<float>(in) / static_cast<float>(out);
   for (int64_t d = 0; d < out; ++d) {
     float src = scale * (static_cast<float>(d) + 0.5f) - 0.5f;
@@ -42,8 +38,6 @@ std::vector<Tap> taps(int64_t in, int64_t out) {
   return t;
 }
 
-}  // namespace
-
 void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* labels,
                      float* full_logits) {
   if (logits.dim() != 3 || logits.scalar_type() != at::kFloat || !logits.is_contiguous() ||
@@ -53,7 +47,7 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
   const int64_t K = logits.size(0), h = logits.size(1), w = logits.size(2);
   if (K > 256) throw Error(ErrorCode::kInternal, "more than 256 classes do not fit uint8 labels");
   const float* src = logits.const_data_ptr<float>();
-  const auto ty = taps(h, H), tx = taps(w, W);
+  const auto ty = bilinear_taps(h, H), tx = bilinear_taps(w, W);
   const int64_t plane = h * w, out_plane = static_cast<int64_t>(H) * W;
 
   if (!full_logits) {
@@ -78,12 +72,12 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
     });
     at::parallel_for(0, H, 8, [&](int64_t y_begin, int64_t y_end) {
       for (int64_t y = y_begin; y < y_end; ++y) {
-        const Tap& vy = ty[static_cast<size_t>(y)];
+        const BilinearTap& vy = ty[static_cast<size_t>(y)];
         const std::uint8_t* l0 = low.data() + vy.i0 * w;
         const std::uint8_t* l1 = low.data() + vy.i1 * w;
         std::uint8_t* out = labels + y * W;
         for (int64_t x = 0; x < W; ++x) {
-          const Tap& vx = tx[static_cast<size_t>(x)];
+          const BilinearTap& vx = tx[static_cast<size_t>(x)];
           const std::uint8_t a = l0[vx.i0];
           if (a == l0[vx.i1] && a == l1[vx.i0] && a == l1[vx.i1]) {
             out[x] = a;
@@ -112,14 +106,14 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
   at::parallel_for(0, H, 8, [&](int64_t y_begin, int64_t y_end) {
     std::vector<float> best(static_cast<size_t>(W));
     for (int64_t y = y_begin; y < y_end; ++y) {
-      const Tap& vy = ty[static_cast<size_t>(y)];
+      const BilinearTap& vy = ty[static_cast<size_t>(y)];
       std::uint8_t* out = labels + y * W;
       for (int64_t k = 0; k < K; ++k) {
         const float* r0 = src + k * plane + vy.i0 * w;
         const float* r1 = src + k * plane + vy.i1 * w;
         float* full = full_logits + k * out_plane + y * W;
         for (int64_t x = 0; x < W; ++x) {
-          const Tap& vx = tx[static_cast<size_t>(x)];
+          const BilinearTap& vx = tx[static_cast<size_t>(x)];
           const float v = vy.l0 * (vx.l0 * r0[vx.i0] + vx.l1 * r0[vx.i1]) +
                           vy.l1 * (vx.l0 * r1[vx.i0] + vx.l1 * r1[vx.i1]);
           full[x] = v;
@@ -132,6 +126,128 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
       }
     }
   });
+}
+
+namespace {
+
+// One axis of OpenCV's INTER_LINEAR on 8-bit images: per output coordinate the two source indices
+// and their 11-bit fixed-point weights. The source coordinate and its fraction are float32; the
+// horizontal axis clamps at both borders (fraction 0 there), the vertical one does not: rows
+// outside the image are clamped, but their weight is kept (OpenCV's own asymmetry, which
+// matters in the first and last few rows of an upscale).
+struct FixedTaps {
+  at::Tensor i0, i1;  // int64 [out]
+  at::Tensor a0, a1;  // int32 [out], weights scaled by 2048
+};
+
+FixedTaps fixed_taps(int64_t in, int64_t out, bool clamp_fraction, const c10::Device& device) {
+  at::Tensor i = at::empty({2, out}, at::kLong), a = at::empty({2, out}, at::kInt);
+  auto ia = i.accessor<int64_t, 2>();
+  auto aa = a.accessor<int32_t, 2>();
+  const double scale = 1.0 / (static_cast<double>(out) / static_cast<double>(in));
+  for (int64_t d = 0; d < out; ++d) {
+    auto f = static_cast<float>((static_cast<double>(d) + 0.5) * scale - 0.5);
+    auto s = static_cast<int64_t>(std::floor(f));
+    f -= static_cast<float>(s);
+    if (clamp_fraction && s < 0) f = 0.0f, s = 0;
+    if (clamp_fraction && s >= in - 1) f = 0.0f, s = in - 1;
+    ia[0][d] = std::clamp<int64_t>(s, 0, in - 1);
+    ia[1][d] = std::clamp<int64_t>(s + 1, 0, in - 1);
+    aa[0][d] = static_cast<int32_t>(std::nearbyint((1.0f - f) * 2048.0f));
+    aa[1][d] = static_cast<int32_t>(std::nearbyint(f * 2048.0f));
+  }
+  return {i[0].to(device), i[1].to(device), a[0].to(device), a[1].to(device)};
+}
+
+}  // namespace
+
+at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,
+                            const std::array<float, 3>& mean, const std::array<float, 3>& std) {
+  if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || H < 1 || W < 1) {
+    throw Error(ErrorCode::kInternal, "resize_normalize needs a uint8 [h, w, 3] image");
+  }
+  const int64_t h = rgb.size(0), w = rgb.size(1);
+  const c10::Device dev = rgb.device();
+  at::Tensor img = rgb;  // [H, W, 3] uint8 values, after the resize
+  if (h != H || w != W) {
+    // Horizontal pass: columns gathered as uint8 (a 12 MP image is never widened), then blended
+    // in int32 with the weights scaled by 2048.
+    const FixedTaps x = fixed_taps(w, W, /*clamp_fraction=*/true, dev);
+    const at::Tensor rows = rgb.index_select(1, x.i0).to(at::kInt) * x.a0.view({1, W, 1}) +
+                            rgb.index_select(1, x.i1).to(at::kInt) * x.a1.view({1, W, 1});
+    // Vertical pass, in OpenCV's rounding: each row term drops 4 bits, is scaled by its weight
+    // and drops 16 more; the sum is rounded by the last 2 bits.
+    const FixedTaps y = fixed_taps(h, H, /*clamp_fraction=*/false, dev);
+    const at::Tensor r0 = at::bitwise_right_shift(rows.index_select(0, y.i0), 4);
+    const at::Tensor r1 = at::bitwise_right_shift(rows.index_select(0, y.i1), 4);
+    at::Tensor v = at::bitwise_right_shift(r0 * y.a0.view({H, 1, 1}), 16) +
+                   at::bitwise_right_shift(r1 * y.a1.view({H, 1, 1}), 16);
+    img = at::bitwise_right_shift(v.add_(2), 2).clamp_(0, 255);
+  }
+  // As normalize_rgb: tensor operands, so the division is a true division (ATen turns division
+  // by a scalar into multiplication by its reciprocal, which rounds differently).
+  const at::Tensor x = img.permute({2, 0, 1}).to(at::kFloat);
+  const auto m = at::tensor(at::ArrayRef<float>(mean.data(), 3)).view({3, 1, 1}).to(dev);
+  const auto s = at::tensor(at::ArrayRef<float>(std.data(), 3)).view({3, 1, 1}).to(dev);
+  return (x - m) / s;
+}
+
+#ifdef SAPIENS_SEG_WITH_KERNELS
+namespace {
+bool fused_kernel_usable(const at::Tensor& logits) {
+  return logits.is_cuda() && kernels_unavailable_reason(logits.device()).empty();
+}
+}  // namespace
+#endif
+
+at::Tensor upsample_argmax_labels(const at::Tensor& logits, int64_t H, int64_t W,
+                                  int64_t band_bytes, bool fused) {
+  if (logits.dim() != 3 || !at::isFloatingType(logits.scalar_type()) || H < 1 || W < 1) {
+    throw Error(ErrorCode::kInternal, "upsample_argmax_labels needs float [K, h, w] logits");
+  }
+  const int64_t K = logits.size(0), h = logits.size(1), w = logits.size(2);
+  if (K > 256) throw Error(ErrorCode::kInternal, "more than 256 classes do not fit uint8 labels");
+  const auto dev = logits.device();
+  at::Tensor labels = at::empty({H, W}, logits.options().dtype(at::kByte));
+#ifdef SAPIENS_SEG_WITH_KERNELS
+  if (fused && fused_kernel_usable(logits)) {
+    kernels::seg_up::upsample_argmax(logits.permute({1, 2, 0}).contiguous(), K, labels);
+    return labels;
+  }
+#else
+  (void)fused;
+#endif
+  // The taps of upsample_argmax, as index and weight tensors on the device.
+  auto tap_tensors = [&](int64_t in, int64_t out) {
+    const auto taps = bilinear_taps(in, out);
+    at::Tensor i = at::empty({2, out}, at::kLong), l = at::empty({2, out}, at::kFloat);
+    auto ia = i.accessor<int64_t, 2>();
+    auto la = l.accessor<float, 2>();
+    for (int64_t d = 0; d < out; ++d) {
+      const auto& t = taps[static_cast<size_t>(d)];
+      ia[0][d] = t.i0, ia[1][d] = t.i1, la[0][d] = t.l0, la[1][d] = t.l1;
+    }
+    return std::pair{i.to(dev), l.to(dev)};
+  };
+  const auto [yi, yl] = tap_tensors(h, H);
+  const auto [xi, xl] = tap_tensors(w, W);
+  const at::Tensor src = logits.to(at::kFloat);
+  // About six [K, rows, W] float temporaries are alive at once.
+  const int64_t rows = std::clamp<int64_t>(band_bytes / (6 * K * W * 4), 1, H);
+  for (int64_t y0 = 0; y0 < H; y0 += rows) {
+    const int64_t n = std::min(rows, H - y0);
+    auto blend_x = [&](const at::Tensor& r) {  // r: [K, n, w] -> [K, n, W]
+      return xl[0] * r.index_select(2, xi[0]) + xl[1] * r.index_select(2, xi[1]);
+    };
+    const at::Tensor top = blend_x(src.index_select(1, yi[0].narrow(0, y0, n)));
+    const at::Tensor bottom = blend_x(src.index_select(1, yi[1].narrow(0, y0, n)));
+    // The same expression, operand for operand, as upsample_argmax: each product and sum is
+    // one rounding there and here.
+    const at::Tensor v = yl[0].narrow(0, y0, n).view({1, n, 1}) * top +
+                         yl[1].narrow(0, y0, n).view({1, n, 1}) * bottom;
+    labels.narrow(0, y0, n).copy_(v.argmax(0));
+  }
+  return labels;
 }
 
 }  // namespace sapiens_seg::core

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <ATen/Tensor.h>
 
@@ -21,5 +22,32 @@ at::Tensor normalize_rgb(const std::uint8_t* data, int h, int w, std::size_t str
 // blended. Rows are spread over LibTorch's intra-op threads.
 void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* labels,
                      float* full_logits = nullptr);
+
+// ---- the same steps as tensor code that runs where the tensors live (the device pipeline) ----
+
+// Source indices and weights of each output coordinate of a bilinear resize `in` -> `out` by
+// PyTorch's align_corners=False rule (also OpenCV's INTER_LINEAR rule): src = (dst + 0.5) * in /
+// out - 0.5, clamped at 0; the far neighbour clamps at the border.
+struct BilinearTap {
+  int64_t i0, i1;
+  float l0, l1;
+};
+std::vector<BilinearTap> bilinear_taps(int64_t in, int64_t out);
+
+// uint8 RGB [h, w, 3] (any device, any strides) -> float32 [3, H, W] on the same device: OpenCV's
+// INTER_LINEAR resize of 8-bit images reproduced in its own fixed-point arithmetic (11-bit
+// weights, its border rules and its rounding), so the resized image equals cv::resize's byte for
+// byte, then (x - mean) / std exactly as normalize_rgb computes it. h == H and w == W skips the
+// resize, as OpenCV does.
+at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,
+                            const std::array<float, 3>& mean, const std::array<float, 3>& std);
+
+// Labels [H, W] (uint8, on the logits' device) of logits [K, h, w] (any float dtype, any
+// layout): the argmax of upsample_argmax's blend, the same products and sums in float32 (so the
+// labels equal its full-logits path's bit for bit). On a GPU the kernels backend can run, seg_up's
+// fused kernel does it; elsewhere ATen ops do, in bands of rows whose temporaries stay under
+// `band_bytes`. fused = false keeps to the ATen ops on a GPU too (tests compare the two).
+at::Tensor upsample_argmax_labels(const at::Tensor& logits, int64_t H, int64_t W,
+                                  int64_t band_bytes = int64_t{64} << 20, bool fused = true);
 
 }  // namespace sapiens_seg::core

@@ -191,6 +191,47 @@ TEST(UnitApi, LogitsOnlyWhenAskedAndConsistentWithLabels) {
   EXPECT_EQ(plain.labels, full.labels);
 }
 
+// The device pipeline (uint8 upload, tensor resize + normalise, labels from tensor ops) runs on
+// the CPU as well, so its plumbing is checked here against the host pipeline (OpenCV): the same
+// network input, so the same logits and labels.
+TEST(UnitApi, DevicePipelineOnTheCpuAgreesWithTheHostPipeline) {
+  for (const std::string name : {"tiny_a", "s2_tiny"}) {
+    LoadOptions ho, dev;
+    ho.pipeline = Pipeline::kHost;
+    dev.pipeline = Pipeline::kDevice;
+    const bool v2 = name == "s2_tiny";
+    const auto path = fixture(v2 ? name + ".safetensors" : name + "_torchscript.pt2");
+    const Model host = load(path, ho), device = load(path, dev);
+    const int H = host.info().input_height, W = host.info().input_width;
+    std::vector<std::uint8_t> px(static_cast<size_t>(H) * W * 3);
+    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<std::uint8_t>((i * 131) % 251);
+    std::vector<Input> inputs = {Input::rgb({px.data(), H, W, 0}),
+                                 Input::file(fixture("images/synth_300x211.png")),
+                                 Input::file(fixture("images/synth_33x47.png"))};
+    const auto a = host.segment(inputs, {.raw_logits = true});
+    const auto b = device.segment(inputs, {.raw_logits = true});
+    const auto c = device.segment(inputs);  // labels from the tensor-op upsample + argmax
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ASSERT_EQ(a[i].raw_logits.size(), b[i].raw_logits.size());
+      double max_diff = 0;
+      for (size_t k = 0; k < a[i].raw_logits.size(); ++k) {
+        max_diff = std::max<double>(max_diff, std::abs(a[i].raw_logits[k] - b[i].raw_logits[k]));
+      }
+      std::int64_t differ = 0;
+      for (size_t p = 0; p < a[i].labels.size(); ++p) differ += a[i].labels[p] != b[i].labels[p];
+      const double share = static_cast<double>(differ) / static_cast<double>(a[i].labels.size());
+      std::printf("%s input %zu: max |logit diff| %.3g, %.3f %% labels differ\n", name.c_str(), i,
+                  max_diff, share * 100);
+      EXPECT_EQ(max_diff, 0.0) << name << " input " << i;
+      EXPECT_EQ(differ, 0) << name << " input " << i;
+      EXPECT_EQ(b[i].labels, c[i].labels) << name << " input " << i;
+      EXPECT_TRUE(c[i].raw_logits.empty());
+      EXPECT_EQ(c[i].height, a[i].height);
+      EXPECT_EQ(c[i].width, a[i].width);
+    }
+  }
+}
+
 TEST(UnitApi, BadInputsAndModes) {
   const Model m = load_fixture("tiny_a");
   std::vector<std::uint8_t> small(31 * 40 * 3, 128);

@@ -80,6 +80,72 @@ TEST(UnitUpsampleArgmax, LabelsOnlyEqualsWithFullLogits) {
   EXPECT_EQ(a, b);
 }
 
+// The device pipeline's labels (ATen ops in bands of rows, any device) against the CPU path's
+// full blend: the same products and sums, so the same labels, whatever the band height, the
+// logits' layout (the kernels backend hands over a channels-last view) or their dtype.
+TEST(UnitUpsampleArgmax, TensorOpsLabelsEqualTheHostBlend) {
+  at::manual_seed(4);
+  const std::vector<std::array<int, 5>> cases = {{28, 16, 12, 100, 77}, {5, 40, 30, 17, 13},
+                                                 {28, 8, 6, 8, 6},      {3, 1, 1, 9, 4},
+                                                 {29, 10, 10, 301, 1},  {28, 64, 48, 1024, 768}};
+  for (const auto& [K, h, w, H, W] : cases) {
+    const at::Tensor logits = at::randn({K, h, w});
+    for (const at::Tensor& lg : {logits, logits.to(at::kBFloat16), logits.to(at::kHalf)}) {
+      const at::Tensor f32 = lg.to(at::kFloat).contiguous();
+      std::vector<std::uint8_t> want(static_cast<size_t>(H) * W);
+      std::vector<float> full(static_cast<size_t>(K) * H * W);
+      core::upsample_argmax(f32, H, W, want.data(), full.data());
+      const at::Tensor channels_last = lg.permute({1, 2, 0}).contiguous().permute({2, 0, 1});
+      for (const at::Tensor& in : {lg, channels_last}) {
+        for (const int64_t band : {int64_t{1}, int64_t{200000}, int64_t{64} << 20}) {
+          const at::Tensor got = core::upsample_argmax_labels(in, H, W, band);
+          ASSERT_EQ(got.sizes(), (std::vector<int64_t>{H, W}));
+          ASSERT_EQ(got.scalar_type(), at::kByte);
+          const at::Tensor ref = at::from_blob(want.data(), {H, W}, at::kByte);
+          EXPECT_EQ(got.ne(ref).sum().item<int64_t>(), 0)
+              << K << "x" << h << "x" << w << " -> " << H << "x" << W << " " << lg.scalar_type()
+              << " band " << band;
+        }
+      }
+    }
+  }
+  expect_error(
+      [] {
+        core::upsample_argmax_labels(at::zeros({2, 3}), 4, 4);
+      },
+      ErrorCode::kInternal, {"[K, h, w]"});
+  expect_error(
+      [] {
+        core::upsample_argmax_labels(at::zeros({300, 2, 2}), 4, 4);
+      },
+      ErrorCode::kInternal, {"256 classes"});
+}
+
+// The device pipeline's preprocessing on an image already at the network size is exactly
+// normalize_rgb (no resize, the same ops); a resize keeps whole grey levels in 0..255.
+TEST(UnitTensorOps, ResizeNormalizeWithoutResizeIsNormalizeRgb) {
+  at::manual_seed(5);
+  const at::Tensor img = at::randint(0, 256, {37, 29, 3}, at::kByte);
+  const std::array<float, 3> mean{123.5f, 116.5f, 103.5f}, std{58.5f, 57.0f, 57.5f};
+  const at::Tensor want =
+      core::normalize_rgb(img.data_ptr<std::uint8_t>(), 37, 29, 29 * 3, mean, std);
+  EXPECT_TRUE(at::equal(core::resize_normalize(img, 37, 29, mean, std), want));
+  // A strided view (every other column) is read as such.
+  const at::Tensor wide = at::randint(0, 256, {37, 58, 3}, at::kByte);
+  const at::Tensor view = wide.slice(1, 0, 58, 2);
+  const at::Tensor packed = view.contiguous();
+  EXPECT_TRUE(
+      at::equal(core::resize_normalize(view, 37, 29, mean, std),
+                core::normalize_rgb(packed.data_ptr<std::uint8_t>(), 37, 29, 29 * 3, mean, std)));
+  const std::array<float, 3> zero{0, 0, 0}, one{1, 1, 1};
+  const at::Tensor grey = core::resize_normalize(img, 100, 71, zero, one);
+  EXPECT_TRUE(at::equal(grey, grey.round()));
+  EXPECT_GE(grey.min().item<float>(), 0.0f);
+  EXPECT_LE(grey.max().item<float>(), 255.0f);
+  expect_error([&] { core::resize_normalize(img.to(at::kFloat), 10, 10, mean, std); },
+               ErrorCode::kInternal, {"uint8"});
+}
+
 TEST(UnitUpsampleArgmax, LabelsOnlyShortcutOnLargeUpscales) {
   // Smooth logits (a low-resolution field upsampled), as a network gives, at a 12x upscale: the
   // labels-only path blends only where the source pixels disagree, and must agree with the full

@@ -8,6 +8,9 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include <ATen/ATen.h>
+
+#include "core/tensor_ops.hpp"
 #include "io/image.hpp"
 #include "io/npy.hpp"
 #include "io/paths.hpp"
@@ -195,6 +198,52 @@ TEST(UnitImage, ExifOrientationIsApplied) {
   const cv::Mat rgb = io::decode_bytes(jpg, "exif");
   EXPECT_EQ(rgb.cols, 40);
   EXPECT_EQ(rgb.rows, 64);
+}
+
+// The device pipeline's resize (ATen integer ops) against OpenCV's INTER_LINEAR, which the host
+// pipeline and the authors' demo use: the same fixed-point arithmetic, so the same bytes, for
+// shrinking, enlarging and mixed aspect changes, odd sizes and tiny images.
+TEST(UnitImage, TensorResizeEqualsOpenCvByteForByte) {
+  const std::array<float, 3> zero{0, 0, 0}, one{1, 1, 1};
+  cv::Mat smooth(900, 700, CV_8UC3);
+  for (int y = 0; y < smooth.rows; ++y) {
+    for (int x = 0; x < smooth.cols; ++x) {
+      smooth.at<cv::Vec3b>(y, x) = {static_cast<std::uint8_t>((x * 255) / 699),
+                                    static_cast<std::uint8_t>((y * 255) / 899),
+                                    static_cast<std::uint8_t>(((x + y) * 7) % 256)};
+    }
+  }
+  const std::vector<std::tuple<cv::Mat, int, int>> cases = {{pattern(1500, 2000), 1024, 768},
+                                                            {pattern(300, 211), 1024, 768},
+                                                            {pattern(4000, 3000), 1024, 768},
+                                                            {pattern(33, 47), 1024, 768},
+                                                            {pattern(37, 1000), 1024, 768},
+                                                            {pattern(2000, 20), 1024, 768},
+                                                            {pattern(1023, 767), 1024, 768},
+                                                            {pattern(1025, 769), 1024, 768},
+                                                            {smooth, 1024, 768},
+                                                            {smooth, 333, 251},
+                                                            {pattern(64, 48), 64, 48},
+                                                            {pattern(1, 1), 16, 12},
+                                                            {pattern(2, 3), 1024, 768}};
+  for (const auto& [img, H, W] : cases) {
+    cv::Mat want;
+    cv::resize(img, want, cv::Size(W, H), 0, 0, cv::INTER_LINEAR);
+    const at::Tensor t = at::from_blob(img.data, {img.rows, img.cols, 3},
+                                       {static_cast<int64_t>(img.step), 3, 1}, at::kByte);
+    const at::Tensor got = core::resize_normalize(t, H, W, zero, one);  // [3, H, W] grey levels
+    const at::Tensor ref = at::from_blob(want.data, {H, W, 3}, at::kByte).permute({2, 0, 1});
+    const at::Tensor diff = (got - ref.to(at::kFloat)).abs();
+    const double max_diff = diff.max().item<double>();
+    const double share = diff.gt(0).to(at::kFloat).mean().item<double>();
+    std::printf("resize %dx%d -> %dx%d: max |diff| %.0f, %.3f %% of values differ\n", img.rows,
+                img.cols, H, W, max_diff, share * 100);
+    EXPECT_EQ(max_diff, 0.0) << img.rows << "x" << img.cols << " -> " << H << "x" << W;
+    // And the normalised image equals the host pipeline's, bit for bit.
+    const std::array<float, 3> mean{123.5f, 116.5f, 103.5f}, sd{58.5f, 57.0f, 57.5f};
+    EXPECT_TRUE(at::equal(core::resize_normalize(t, H, W, mean, sd),
+                          core::normalize_rgb(want.data, H, W, want.step, mean, sd)));
+  }
 }
 
 TEST(UnitImage, BadImagesGetClearErrors) {

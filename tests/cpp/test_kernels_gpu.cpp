@@ -308,6 +308,44 @@ TEST(GpuKernels, UpsampleArgmaxEqualsTheCpuPath) {
   }
 }
 
+// The device pipeline's steps on the GPU against the same steps on the CPU: the resize (integer
+// arithmetic, so equal) and the labels, through seg_up's fused kernel and the ATen band path.
+TEST(GpuPipeline, DeviceStepsEqualTheirCpuRuns) {
+  REQUIRE_GPU();
+  at::manual_seed(8);
+  const std::array<float, 3> zero{0, 0, 0}, one{1, 1, 1};
+  for (auto [h, w, H, W] : {std::tuple<int, int, int, int>{3000, 4000, 1024, 768},
+                            {300, 211, 1024, 768},
+                            {1024, 768, 1024, 768}}) {
+    const at::Tensor img = at::randint(0, 256, {h, w, 3}, at::kByte);
+    const at::Tensor cpu = core::resize_normalize(img, H, W, zero, one);
+    const at::Tensor gpu = core::resize_normalize(img.to(kGpu), H, W, zero, one).cpu();
+    const at::Tensor d = (cpu - gpu).abs();
+    const double share = d.gt(0).to(at::kFloat).mean().item<double>();
+    std::printf("resize on the GPU %dx%d -> %dx%d: max |diff| %.0f, %.4f %% differ\n", h, w, H, W,
+                d.max().item<double>(), 100 * share);
+    EXPECT_EQ(d.max().item<double>(), 0.0);
+  }
+  for (at::ScalarType t : kAllTypes) {
+    for (auto [h, w, H, W] : {std::tuple<int, int, int, int>{512, 384, 3000, 4000},
+                              {512, 384, 1024, 768},
+                              {7, 5, 1, 1}}) {
+      const at::Tensor logits = (at::randn({28, h, w}) * 3).to(kGpu, t);
+      std::vector<std::uint8_t> want(static_cast<size_t>(H) * W);
+      std::vector<float> full(static_cast<size_t>(28) * H * W);
+      core::upsample_argmax(logits.to(at::kCPU, at::kFloat).contiguous(), H, W, want.data(),
+                            full.data());
+      const at::Tensor ref = at::from_blob(want.data(), {H, W}, at::kByte);
+      for (const bool fused : {true, false}) {
+        const at::Tensor got =
+            core::upsample_argmax_labels(logits, H, W, int64_t{64} << 20, fused).cpu();
+        EXPECT_EQ(got.ne(ref).sum().item<int64_t>(), 0)
+            << t << " " << h << "x" << w << " -> " << H << "x" << W << " fused " << fused;
+      }
+    }
+  }
+}
+
 TEST(GpuKernels, KernelsModeRefusesFloat32) {
   REQUIRE_GPU();
   core::TorchScriptCheckpoint ckpt;
@@ -407,3 +445,32 @@ TEST_P(GpuParity, PortableAndKernelsInFloat16MatchTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuParity, ::testing::Values("tiny_b", "wide_0.3b"));
+
+// CUDA graphs: replays of a captured forward pass give the eager results, for new inputs of a
+// captured shape, for a second shape, and after the oldest graph was evicted.
+TEST(GpuGraphs, ReplaysEqualEagerRuns) {
+  REQUIRE_GPU();
+  const fs::path file = test::fixture("tiny_b_torchscript.pt2");
+  const core::TorchScriptCheckpoint ckpt = core::open_torchscript(file.string());
+  core::v1::ConfigHints hints;
+  hints.heads = *ckpt.heads_from_graph;
+  const core::v1::Config cfg = core::v1::infer_config(ckpt.tensors, hints);
+  at::manual_seed(9);
+  for (const bool kernels : {false, true}) {
+    const auto eager = kernels ? core::make_kernels_v1(ckpt, cfg, kGpu, at::kHalf)
+                               : core::make_portable_v1(ckpt, cfg, kGpu, at::kHalf);
+    const auto graphed =
+        core::with_cuda_graphs(kernels ? core::make_kernels_v1(ckpt, cfg, kGpu, at::kHalf)
+                                       : core::make_portable_v1(ckpt, cfg, kGpu, at::kHalf),
+                               /*max_graphs=*/2);
+    for (const int64_t batch : {1, 1, 2, 3, 1, 2}) {
+      const at::Tensor x = at::randn({batch, 3, cfg.input_h, cfg.input_w}).to(kGpu);
+      const at::Tensor want = eager->forward_device(x).to(at::kFloat);
+      const at::Tensor got = graphed->forward_device(x).to(at::kFloat);
+      const double d = (got - want).abs().max().item<double>();
+      std::printf("graphs %s batch %lld: max |replay - eager| %.3g\n",
+                  kernels ? "kernels" : "portable", static_cast<long long>(batch), d);
+      EXPECT_LE(d, 1e-2) << (kernels ? "kernels" : "portable") << " batch " << batch;
+    }
+  }
+}

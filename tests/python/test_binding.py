@@ -205,6 +205,15 @@ def test_logits_when_asked_for(model):
     assert m(PNG, logits=False).logits is None
 
 
+def test_device_pipeline_on_the_cpu(model):
+    # The device pipeline (OpenCV's fixed-point resize on tensor ops, labels from tensor ops)
+    # also runs on the CPU, and gives the host pipeline's labels.
+    dev = segmentation.load(TINY_A, mode="portable", device="cpu", threads=1, pipeline="device")
+    a, b = model(PNG), dev(PNG)
+    assert a.labels.shape == b.labels.shape == (300, 211)
+    assert np.array_equal(a.labels, b.labels)
+
+
 def test_overlay(model, png_rgb):
     for x in (PNG, png_rgb, Image.open(PNG)):
         r = model(x)
@@ -374,6 +383,7 @@ def test_checksum_mismatch_and_a_verified_card(tmp_path, monkeypatch):
     ({"threads": -1}, ValueError, "threads"),
     ({"threads": 1.5}, TypeError, "threads"),
     ({"input_size": 512}, TypeError, "input_size"),
+    ({"pipeline": "gpu"}, ValueError, "pipeline"),
 ])
 def test_invalid_arguments_name_the_argument(kwargs, exc, name):
     with pytest.raises(exc, match=name) as e:

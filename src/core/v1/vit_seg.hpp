@@ -45,6 +45,7 @@ class Network {
   // x: [B, 3, input_h, input_w] normalised RGB, any float dtype on any device; returns the logits
   // [B, classes, input_h / 2, input_w / 2] in the network dtype on its device.
   at::Tensor forward(const at::Tensor& x) const;
+  at::Device device() const { return device_; }
 
   const Config& config() const { return config_; }
 

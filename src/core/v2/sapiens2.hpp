@@ -73,6 +73,7 @@ class Network {
   // x: [B, 3, input_h, input_w] normalised RGB, any float dtype on any device; returns the logits
   // [B, classes, input_h, input_w] in the network dtype on its device.
   at::Tensor forward(const at::Tensor& x, Trace* trace = nullptr) const;
+  at::Device device() const { return device_; }
 
   const Config& config() const { return config_; }
 
