@@ -34,6 +34,48 @@ def available(report: dict) -> list[dict]:
     return [c for c in report["columns"] if c["available"]]
 
 
+# The CPU goals of the benchmark issue, for a full-size run on the CPU: (what, size, column,
+# measure, bound, higher is better).
+CPU_GOALS = [
+    ("float32 speed at 1024x768", (1024, 768), "portable float32", "speed", 1.15, True),
+    ("float32 end to end at 3000x4000", (3000, 4000), "portable float32", "speed", 1.5, True),
+    ("float32 peak RSS at 3000x4000", (3000, 4000), "portable float32", "rss", 0.6, False),
+    ("bfloat16 speed at 1024x768", (1024, 768), "portable bfloat16", "speed", 1.8, True),
+]
+
+
+def goals(report: dict) -> list[str]:
+    """One line per goal this run measures: the ratio against the original (Python), met or not."""
+    meta = report["meta"]
+    if meta["quick"] or meta["device"] != "cpu":
+        return []
+    ids = {c["title"]: c["id"] for c in report["columns"]}
+    out = []
+    load = report.get("load_ms", {})
+    fid = ids.get("portable float32")
+    if fid in load and "original-python" in load:
+        r = load["original-python"] / load[fid]
+        out.append(f"load >= 3x torch.jit.load: {r:.2f}x ({'met' if r >= 3 else 'missed'})")
+    for what, (h, w), title, kind, bound, higher in CPU_GOALS:
+        for res in report["results"]:
+            if (res["height"], res["width"], res["batch"]) != (h, w, 1):
+                continue
+            by = res["columns"]
+            ref, got = by.get("original-python"), by.get(ids.get(title, ""))
+            if not ref or not got:
+                continue
+            r = (ref["median_ms"] / got["median_ms"] if kind == "speed"
+                 else got["peak_rss"] / ref["peak_rss"])
+            ok = r >= bound if higher else r <= bound
+            out.append(f"{what} {'>=' if higher else '<='} {bound}x: {r:.2f}x "
+                       f"({'met' if ok else 'missed'})")
+    if not out:
+        return []
+    why = (" Why a missed goal cannot be met on this machine: `benchmarks/README.md`."
+           if any("missed" in o for o in out) else "")
+    return ["Goals against the original (Python): " + "; ".join(out) + "." + why]
+
+
 def section_for(report: dict, path: str) -> list[str]:
     meta = report["meta"]
     cols = {c["id"]: c for c in available(report)}
@@ -59,10 +101,14 @@ def section_for(report: dict, path: str) -> list[str]:
             for ms, cpu in zip(c.get("rounds_ms", []), c.get("rounds_cpu_ms", [])):
                 used += [b / a for a, b in zip(ms, cpu)]
     if background:
-        lines.append(f"The machine is shared: other jobs used {statistics.median(background):.2f} "
-                     f"CPUs (median, max {max(background):.2f}) just before the timed calls, which "
-                     f"kept {statistics.median(used):.2f} CPUs busy themselves; ratios compare "
-                     "rounds taken side by side, absolute times are not those of an idle machine.")
+        quiet = statistics.median(background) < 0.1 and max(background) < 0.2
+        lines.append(f"Other jobs used {statistics.median(background):.2f} CPUs (median, max "
+                     f"{max(background):.2f}) just before the timed calls, which kept "
+                     f"{statistics.median(used):.2f} CPUs busy themselves"
+                     + (" (a quiet machine)." if quiet else
+                        "; ratios compare rounds taken side by side, absolute times are not "
+                        "those of an idle machine."))
+    lines += goals(report)
     lines.append("")
 
     # Ratios first: speed, then peak memory, against the original in Python.

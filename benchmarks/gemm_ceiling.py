@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The fastest a Sapiens v1 forward pass can be on this CPU, from its FLOP count and the GEMM rate.
+
+    python benchmarks/gemm_ceiling.py [--model FILE.pt2] [--threads N] [--json OUT]
+
+Counts the multiply-adds of the network from the checkpoint's tensor shapes (backbone linears and
+attention at the training grid, the decoder head's sub-pixel deconvolutions and 1x1
+convolutions), measures LibTorch's large square GEMM rate in float32 and bfloat16 on this machine,
+and prints the time the forward pass would take if every FLOP ran at that rate. It bounds what any
+implementation of the same arithmetic can reach, and so what speed-up over the original is
+possible (the original's own time comes from speed_check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def network_gflop(state: dict[str, torch.Tensor]) -> dict[str, float]:
+    pos = state["backbone.pos_embed"]
+    tokens, C = pos.shape[1], pos.shape[2]
+    depth = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("backbone.layers."))
+    F = state["backbone.layers.0.ffn.layers.0.0.weight"].shape[0]
+    linears = 2 * tokens * (3 * C * C + C * C + 2 * C * F)
+    attention = 4 * tokens * tokens * C
+    patch = state["backbone.patch_embed.projection.weight"]
+    grid_h = round((tokens * 4 / 3) ** 0.5)
+    grid_w = tokens // grid_h
+    head = 0
+    h, w = grid_h, grid_w
+    for i in (0, 3, 6):  # k4 s2 transposed convolutions: 4 taps per output pixel
+        wt = state[f"decode_head.deconv_layers.{i}.weight"]
+        h, w = 2 * h, 2 * w
+        head += 2 * h * w * 4 * wt.shape[0] * wt.shape[1]
+    for i in (0, 3, 6):
+        wt = state[f"decode_head.conv_layers.{i}.weight"]
+        head += 2 * h * w * wt.shape[0] * wt.shape[1]
+    seg = state["decode_head.conv_seg.weight"]
+    head += 2 * h * w * seg.shape[0] * seg.shape[1]
+    embed = 2 * tokens * C * patch[0].numel()
+    return {"backbone": depth * (linears + attention) / 1e9, "embed": embed / 1e9,
+            "head": head / 1e9}
+
+
+def gemm_gflops(dtype: torch.dtype, n: int = 4096, repeats: int = 5) -> float:
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    with torch.inference_mode():
+        a @ b
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        dt = (time.perf_counter() - t0) / repeats
+    return 2 * n ** 3 / dt / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="build-bench/fixtures/full_0.3b_torchscript.pt2")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    state = torch.jit.load(args.model, map_location="cpu").state_dict()
+    flops = network_gflop(state)
+    total = sum(flops.values())
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), "unknown")
+    out = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu,
+           "model": args.model.rsplit("/", 1)[-1], "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "gflop": flops, "gflop_total": total, "gemm_gflops": {},
+           "bound_ms": {}}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        rate = gemm_gflops(dtype)
+        out["gemm_gflops"][name] = rate
+        out["bound_ms"][name] = total / rate * 1e3
+        print(f"{name}: 4096^3 GEMM {rate:.0f} GFLOP/s -> the network's {total:.0f} GFLOP take "
+              f">= {total / rate:.1f} s")
+    print(f"GFLOP: backbone {flops['backbone']:.0f}, head {flops['head']:.0f}, "
+          f"patch embedding {flops['embed']:.1f}; {out['threads']} threads, torch {torch.__version__}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
