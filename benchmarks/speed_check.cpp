@@ -54,6 +54,9 @@
 #ifdef SPEED_CHECK_WITH_API
 #include "sapiens_seg/sapiens_seg.hpp"
 #else
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/tensor_ops.hpp"
@@ -268,6 +271,8 @@ class CorePipeline final : public Pipeline {
     runner_ = o.mode == "original"  ? core::make_original_v1(ckpt, cfg_, device, dtype)
               : o.mode == "kernels" ? core::make_kernels_v1(ckpt, cfg_, device, dtype)
                                     : core::make_portable_v1(ckpt, cfg_, device, dtype);
+    // As Model does by default (LoadOptions::cuda_graphs); nothing changes on the CPU.
+    runner_ = core::with_cuda_graphs(std::move(runner_), 4);
   }
   // Model::segment's device pipeline: the uint8 image uploaded through pinned staging, resized
   // and normalised where the network runs, labels computed there (the CPU runs the same ops).
@@ -284,10 +289,15 @@ class CorePipeline final : public Pipeline {
     return core::resize_normalize(img, cfg_.input_h, cfg_.input_w, kMean, kStd);
   }
   void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
+    const c10::Device dev = runner_->device();
+    const bool gpu = !dev.is_cpu();
+    // A stream per call, as Model::segment uses.
+    std::optional<c10::StreamGuard> stream;
+    if (gpu)
+      stream.emplace(c10::impl::getDeviceGuardImpl(dev.type())->getStreamFromGlobalPool(dev));
     std::vector<at::Tensor> inputs;
     for (const auto& px : images) inputs.push_back(preprocess(px, h, w));
     const at::Tensor logits = runner_->forward_device(at::stack(inputs));
-    const bool gpu = !runner_->device().is_cpu();
     at::Tensor host = at::empty({h, w}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
     for (size_t i = 0; i < images.size(); ++i) {
       host.copy_(core::upsample_argmax_labels(logits[static_cast<int64_t>(i)], h, w));

@@ -328,6 +328,12 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
     impl->runner =
         core::with_cuda_graphs(std::move(impl->runner), static_cast<std::size_t>(opt.cuda_graphs));
   }
+  // Calls run on streams of their own, which do not wait for the default stream that loading
+  // may have queued work on.
+  if (!device.is_cpu()) {
+    c10::impl::getDeviceGuardImpl(device.type())
+        ->synchronizeDevice(device.has_index() ? device.index() : 0);
+  }
   impl->device_pipeline = opt.pipeline == Pipeline::kDevice ||
                           (opt.pipeline == Pipeline::kAuto && !impl->runner->device().is_cpu());
   const std::optional<Card> labels = card ? card : labels_for(family, cfg.num_classes);

@@ -7,7 +7,9 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <list>
 #include <memory>
@@ -23,7 +25,18 @@ namespace {
 class GraphedRunner final : public Runner {
  public:
   GraphedRunner(std::unique_ptr<Runner> inner, std::size_t max_graphs)
-      : inner_(std::move(inner)), max_graphs_(max_graphs) {}
+      : inner_(std::move(inner)), max_graphs_(max_graphs) {
+    // Captures run on a stream of this runner's own: a stream from LibTorch's pool could be
+    // handed to another thread's call during a capture, whose work would then land in the graph.
+    const c10::cuda::CUDAGuard guard(inner_->device());
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+  }
+  ~GraphedRunner() override {
+    entries_.clear();
+    if (capture_stream_) (void)cudaStreamDestroy(capture_stream_);
+  }
+  GraphedRunner(const GraphedRunner&) = delete;
+  GraphedRunner& operator=(const GraphedRunner&) = delete;
 
   at::Tensor forward(const at::Tensor& x) const override {
     return forward_device(x).to(at::kCPU, at::kFloat).contiguous();
@@ -81,48 +94,56 @@ class GraphedRunner final : public Runner {
   }
 
   Entry* capture(const at::Tensor& x) const {
-    if (entries_.size() >= max_graphs_) entries_.pop_back();  // frees that graph's pool
-    entries_.emplace_front();
-    Entry& e = entries_.front();
+    if (entries_.size() >= max_graphs_) {
+      // Earlier calls, on other streams, may still be reading the evicted entry's input buffer;
+      // once freed, the allocator could hand it to any stream. Eviction is rare (more shapes
+      // than graphs): wait for them.
+      last_.synchronize();
+      entries_.pop_back();  // also frees that graph's memory pool
+    }
+    Entry e;
     e.sizes = x.sizes().vec();
     e.dtype = x.scalar_type();
-    e.input = at::empty_like(x, x.options().device(inner_->device()));
-    e.input.copy_(x);
     const auto current = at::cuda::getCurrentCUDAStream();
-    // Capture runs on a side stream; two eager calls first let lazy set-up (cuBLAS handles,
-    // cuDNN plans, allocator blocks) happen outside the capture.
-    const at::cuda::CUDAStream side = at::cuda::getStreamFromPool();
+    const at::cuda::CUDAStream side =
+        at::cuda::getStreamFromExternal(capture_stream_, inner_->device().index());
     at::cuda::CUDAEvent ready;
     ready.record(current);
     ready.block(side);
-    try {
+    {
       const c10::cuda::CUDAStreamGuard on_side(side);
+      e.input = at::empty_like(x, x.options().device(inner_->device()));
+      e.input.copy_(x);
+      // Two eager calls first: lazy set-up (cuBLAS handles, cuDNN plans, allocator blocks)
+      // happens outside the capture. Their errors (out of memory, a bad input) are the call's.
       inner_->forward_device(e.input);
       inner_->forward_device(e.input);
       auto graph = std::make_unique<at::cuda::CUDAGraph>();
-      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
-        e.output = inner_->forward_device(e.input);
-        graph->capture_end();
-      } catch (...) {
+        graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
         try {
+          e.output = inner_->forward_device(e.input);
           graph->capture_end();
         } catch (...) {
+          try {
+            graph->capture_end();
+          } catch (...) {
+          }
+          throw;
         }
-        throw;
+        e.graph = std::move(graph);
+      } catch (const std::exception&) {
+        // A network step that cannot be captured (a host synchronisation, say) is not an
+        // error: this shape runs eagerly from now on.
+        e.output = at::Tensor();
+        (void)cudaGetLastError();  // clear the capture's error so later launches are unaffected
       }
-      e.graph = std::move(graph);
-    } catch (const std::exception&) {
-      // A network step that cannot be captured (a host synchronisation, say) is not an error:
-      // this shape runs eagerly from now on.
-      e.graph.reset();
-      e.output = at::Tensor();
-      (void)cudaGetLastError();  // clear the capture's error so later launches are unaffected
     }
     at::cuda::CUDAEvent done;
     done.record(side);
     done.block(current);
-    return &e;
+    entries_.push_front(std::move(e));
+    return &entries_.front();
   }
 
   std::unique_ptr<Runner> inner_;
@@ -130,6 +151,7 @@ class GraphedRunner final : public Runner {
   mutable std::mutex mu_;
   mutable std::list<Entry> entries_;
   mutable at::cuda::CUDAEvent last_;  // the end of the previous call's device work
+  cudaStream_t capture_stream_ = nullptr;
 };
 
 }  // namespace

@@ -135,6 +135,13 @@ namespace {
 // horizontal axis clamps at both borders (fraction 0 there), the vertical one does not: rows
 // outside the image are clamped, but their weight is kept (OpenCV's own asymmetry, which
 // matters in the first and last few rows of an upscale).
+// A small tensor built on the host, moved to `device`; on a GPU through pinned memory and without
+// a host wait, so the stream keeps running while the next image is decoded.
+at::Tensor to_device(const at::Tensor& host, const c10::Device& device) {
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 struct FixedTaps {
   at::Tensor i0, i1;  // int64 [out]
   at::Tensor a0, a1;  // int32 [out], weights scaled by 2048
@@ -156,7 +163,8 @@ FixedTaps fixed_taps(int64_t in, int64_t out, bool clamp_fraction, const c10::De
     aa[0][d] = static_cast<int32_t>(std::nearbyint((1.0f - f) * 2048.0f));
     aa[1][d] = static_cast<int32_t>(std::nearbyint(f * 2048.0f));
   }
-  return {i[0].to(device), i[1].to(device), a[0].to(device), a[1].to(device)};
+  const at::Tensor id = to_device(i, device), ad = to_device(a, device);
+  return {id[0], id[1], ad[0], ad[1]};
 }
 
 }  // namespace
@@ -187,15 +195,17 @@ at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,
   // As normalize_rgb: tensor operands, so the division is a true division (ATen turns division
   // by a scalar into multiplication by its reciprocal, which rounds differently).
   const at::Tensor x = img.permute({2, 0, 1}).to(at::kFloat);
-  const auto m = at::tensor(at::ArrayRef<float>(mean.data(), 3)).view({3, 1, 1}).to(dev);
-  const auto s = at::tensor(at::ArrayRef<float>(std.data(), 3)).view({3, 1, 1}).to(dev);
+  const auto m = to_device(at::tensor(at::ArrayRef<float>(mean.data(), 3)).view({3, 1, 1}), dev);
+  const auto s = to_device(at::tensor(at::ArrayRef<float>(std.data(), 3)).view({3, 1, 1}), dev);
   return (x - m) / s;
 }
 
 #ifdef SAPIENS_SEG_WITH_KERNELS
 namespace {
 bool fused_kernel_usable(const at::Tensor& logits) {
-  return logits.is_cuda() && kernels_unavailable_reason(logits.device()).empty();
+  const auto t = logits.scalar_type();
+  return logits.is_cuda() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) &&
+         kernels_unavailable_reason(logits.device()).empty();
 }
 }  // namespace
 #endif
@@ -227,7 +237,7 @@ at::Tensor upsample_argmax_labels(const at::Tensor& logits, int64_t H, int64_t W
       const auto& t = taps[static_cast<size_t>(d)];
       ia[0][d] = t.i0, ia[1][d] = t.i1, la[0][d] = t.l0, la[1][d] = t.l1;
     }
-    return std::pair{i.to(dev), l.to(dev)};
+    return std::pair{to_device(i, dev), to_device(l, dev)};
   };
   const auto [yi, yl] = tap_tensors(h, H);
   const auto [xi, xl] = tap_tensors(w, W);
