@@ -239,8 +239,11 @@ at::Tensor upsample_argmax_labels(const at::Tensor& logits, int64_t H, int64_t W
     }
     return std::pair{to_device(i, dev), to_device(l, dev)};
   };
-  const auto [yi, yl] = tap_tensors(h, H);
-  const auto [xi, xl] = tap_tensors(w, W);
+  // (Plain variables, not structured bindings: the band lambda captures them, which clang
+  // before 16 refuses for bindings.)
+  const auto ytaps = tap_tensors(h, H), xtaps = tap_tensors(w, W);
+  const at::Tensor &yi = ytaps.first, &yl = ytaps.second;
+  const at::Tensor &xi = xtaps.first, &xl = xtaps.second;
   const at::Tensor src = logits.to(at::kFloat);
   // About six [K, rows, W] float temporaries are alive at once.
   const int64_t rows = std::clamp<int64_t>(band_bytes / (6 * K * W * 4), 1, H);
