@@ -24,6 +24,15 @@ at::Tensor normalize_rgb(const std::uint8_t* data, int h, int w, std::size_t str
   return (u8.permute({2, 0, 1}).to(at::kFloat) - m) / s;
 }
 
+namespace {
+
+// Source indices and weights of each output coordinate of a bilinear resize `in` -> `out` by
+// PyTorch's align_corners=False rule: src = (dst + 0.5) * in / out - 0.5, clamped at 0; the far
+// neighbour clamps at the border.
+struct BilinearTap {
+  int64_t i0, i1;
+  float l0, l1;
+};
 std::vector<BilinearTap> bilinear_taps(int64_t in, int64_t out) {
   std::vector<BilinearTap> t(static_cast<size_t>(out));
   const float scale = static_cast<float>(in) / static_cast<float>(out);
@@ -37,6 +46,8 @@ std::vector<BilinearTap> bilinear_taps(int64_t in, int64_t out) {
   }
   return t;
 }
+
+}  // namespace
 
 void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* labels,
                      float* full_logits) {

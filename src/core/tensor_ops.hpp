@@ -4,7 +4,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include <ATen/Tensor.h>
 
@@ -24,15 +23,6 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
                      float* full_logits = nullptr);
 
 // ---- the same steps as tensor code that runs where the tensors live (the device pipeline) ----
-
-// Source indices and weights of each output coordinate of a bilinear resize `in` -> `out` by
-// PyTorch's align_corners=False rule (also OpenCV's INTER_LINEAR rule): src = (dst + 0.5) * in /
-// out - 0.5, clamped at 0; the far neighbour clamps at the border.
-struct BilinearTap {
-  int64_t i0, i1;
-  float l0, l1;
-};
-std::vector<BilinearTap> bilinear_taps(int64_t in, int64_t out);
 
 // uint8 RGB [h, w, 3] (any device, any strides) -> float32 [3, H, W] on the same device: OpenCV's
 // INTER_LINEAR resize of 8-bit images reproduced in its own fixed-point arithmetic (11-bit
