@@ -107,9 +107,9 @@ log "built in $(( $(date +%s) - t0 )) s"
 
 # ---- fixtures, made with this machine's torch --------------------------------------------------
 fixtures=$build/gpu-fixtures
-log "fixtures: ${GPU_CHECK_FIXTURES:-tiny_b wide_0.3b}"
+log "fixtures: ${GPU_CHECK_FIXTURES:-tiny_b wide_0.3b s2_tiny}"
 # shellcheck disable=SC2086
-"$PY" tools/gpu_fixtures.py --out "$fixtures" --only ${GPU_CHECK_FIXTURES:-tiny_b wide_0.3b} \
+"$PY" tools/gpu_fixtures.py --out "$fixtures" --only ${GPU_CHECK_FIXTURES:-tiny_b wide_0.3b s2_tiny} \
   2>&1 | tee "$OUT/fixtures.log" >&2
 
 # ---- the tests -----------------------------------------------------------------------------------

@@ -9,11 +9,16 @@ reference outputs in make_fixtures' layout:
     <out>/<name>_torchscript.pt2
     <out>/ref/<name>/<stem>/{resized,input,logits,labels,top2_gap}.npy
 
+and, for s2_tiny, the Sapiens2 weights file of tools/sapiens2_fixtures.py (the same model, seed
+and file format; its GPU test computes the reference with the float32 portable network):
+
+    <out>/s2_tiny.safetensors
+
 for synthetic images drawn with NumPy directly at the network input size, each with the
 "original" size its labels are upsampled to. The references run the saved file in float32 on
 the CPU, as make_fixtures does.
 
-Usage: python tools/gpu_fixtures.py --out DIR [--only tiny_b wide_0.3b]
+Usage: python tools/gpu_fixtures.py --out DIR [--only tiny_b wide_0.3b s2_tiny]
 """
 
 from __future__ import annotations
@@ -92,13 +97,22 @@ def write_references(cfg, model_path: Path, ref_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--only", nargs="+", default=["tiny_b", "wide_0.3b"],
-                    choices=["tiny_b", "wide_0.3b"])
+    ap.add_argument("--only", nargs="+", default=["tiny_b", "wide_0.3b", "s2_tiny"],
+                    choices=["tiny_b", "wide_0.3b", "s2_tiny"])
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
         t0 = time.time()
+        if name == "s2_tiny":
+            import sapiens2_fixtures as s2f  # after the cv2 stand-in above
+
+            fx = s2f.tiny_fixture()
+            path = args.out / f"{fx.name}.safetensors"
+            s2f.save_st(s2f.state_dict_of(s2f.build_model(fx)), path)
+            print(f"[{name}] written in {time.time() - t0:.1f}s ({path.stat().st_size} bytes)",
+                  flush=True)
+            continue
         cfg, model, path, info = mf.build_fixture(name, args.out)
         del model
         print(f"[{name}] traced+verified in {time.time() - t0:.1f}s "

@@ -45,24 +45,33 @@ std::int64_t padded_head_dim(std::int64_t head_dim) {
   return (head_dim + 7) / 8 * 8;
 }
 
+at::Tensor pad_head_rows(const at::Tensor& t, std::int64_t slots, std::int64_t hd,
+                         std::int64_t hdp) {
+  TORCH_CHECK((t.dim() == 1 || t.dim() == 2) && t.size(0) == slots * hd,
+              "pad_head_rows: expected [", slots * hd, "] or [", slots * hd, ", C], got ",
+              t.sizes());
+  TORCH_CHECK(hdp >= hd, "pad_head_rows: padded head dim ", hdp, " < ", hd);
+  if (hdp == hd) return t;
+  if (t.dim() == 1) {
+    return at::constant_pad_nd(t.reshape({slots, hd}), {0, hdp - hd}).reshape({slots * hdp});
+  }
+  const std::int64_t C = t.size(1);
+  return at::constant_pad_nd(t.reshape({slots, hd, C}), {0, 0, 0, hdp - hd})
+      .reshape({slots * hdp, C});
+}
+
 at::Tensor pad_qkv_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
                           std::int64_t hdp) {
   TORCH_CHECK(w.dim() == 2 && w.size(0) == 3 * heads * hd, "pad_qkv_weight: expected [",
               3 * heads * hd, ", C], got ", w.sizes());
-  TORCH_CHECK(hdp >= hd, "pad_qkv_weight: padded head dim ", hdp, " < ", hd);
-  if (hdp == hd) return w;
-  const std::int64_t C = w.size(1);
-  return at::constant_pad_nd(w.reshape({3, heads, hd, C}), {0, 0, 0, hdp - hd})
-      .reshape({3 * heads * hdp, C});
+  return pad_head_rows(w, 3 * heads, hd, hdp);
 }
 
 at::Tensor pad_qkv_bias(const at::Tensor& b, std::int64_t heads, std::int64_t hd,
                         std::int64_t hdp) {
   TORCH_CHECK(b.dim() == 1 && b.size(0) == 3 * heads * hd, "pad_qkv_bias: expected [",
               3 * heads * hd, "], got ", b.sizes());
-  TORCH_CHECK(hdp >= hd, "pad_qkv_bias: padded head dim ", hdp, " < ", hd);
-  if (hdp == hd) return b;
-  return at::constant_pad_nd(b.reshape({3, heads, hd}), {0, hdp - hd}).reshape({3 * heads * hdp});
+  return pad_head_rows(b, 3 * heads, hd, hdp);
 }
 
 at::Tensor pad_proj_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
@@ -78,7 +87,9 @@ at::Tensor pad_proj_weight(const at::Tensor& w, std::int64_t heads, std::int64_t
 std::size_t SdpaKeyHash::operator()(const SdpaKey& k) const noexcept {
   std::size_t h = 1469598103934665603ull;
   auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-  for (std::int64_t v : {k.b, k.h, k.s, k.d}) mix(static_cast<std::uint64_t>(v));
+  for (std::int64_t v : {k.b, k.h, k.hk, k.s, k.d, k.k_offset, k.v_offset}) {
+    mix(static_cast<std::uint64_t>(v));
+  }
   for (std::int64_t v : k.qkv_stride) mix(static_cast<std::uint64_t>(v));
   for (std::int64_t v : k.o_stride) mix(static_cast<std::uint64_t>(v));
   std::uint32_t bits = 0;
@@ -90,33 +101,47 @@ std::size_t SdpaKeyHash::operator()(const SdpaKey& k) const noexcept {
   return h;
 }
 
-SdpaKey packed_qkv_key(const at::Tensor& qkv, const at::Tensor& out, float scale) {
-  TORCH_CHECK(qkv.dim() == 5 && qkv.size(2) == 3 && qkv.is_contiguous(),
-              "attention: qkv must be a contiguous [B, S, 3, H, D] tensor, got sizes ", qkv.sizes(),
-              " strides ", qkv.strides());
-  const std::int64_t B = qkv.size(0), S = qkv.size(1), H = qkv.size(3), D = qkv.size(4);
-  TORCH_CHECK(out.dim() == 4 && out.size(0) == B && out.size(1) == S && out.size(2) == H &&
-                  out.size(3) == D && out.is_contiguous(),
-              "attention: out must be a contiguous [", B, ", ", S, ", ", H, ", ", D,
-              "] tensor, got ", out.sizes());
+SdpaKey packed_qkv_key(const at::Tensor& qkv_in, const at::Tensor& out, float scale) {
+  TORCH_CHECK((qkv_in.dim() == 5 && qkv_in.size(2) == 3) || qkv_in.dim() == 4,
+              "attention: qkv must be a contiguous [B, S, 3, H, D] or [B, S, H + 2*Hk, D] tensor, "
+              "got sizes ",
+              qkv_in.sizes());
+  TORCH_CHECK(qkv_in.is_contiguous(), "attention: qkv must be contiguous, got strides ",
+              qkv_in.strides());
+  const at::Tensor qkv = qkv_in.dim() == 5 ? qkv_in.flatten(2, 3) : qkv_in;
+  TORCH_CHECK(qkv_in.dim() == 4 || (out.dim() == 4 && out.size(2) == qkv_in.size(3)),
+              "attention: a [B, S, 3, H, D] qkv needs an output of H = ", qkv_in.size(3),
+              " heads, got ", out.sizes());
+  TORCH_CHECK(out.dim() == 4 && out.is_contiguous(),
+              "attention: out must be a contiguous [B, S, H, D] tensor, got ", out.sizes());
+  const std::int64_t B = qkv.size(0), S = qkv.size(1), slots = qkv.size(2), D = qkv.size(3);
+  const std::int64_t H = out.size(2), Hk = (slots - H) / 2;
+  TORCH_CHECK(out.size(0) == B && out.size(1) == S && out.size(3) == D, "attention: out must be [",
+              B, ", ", S, ", H, ", D, "], got ", out.sizes());
+  TORCH_CHECK(H > 0 && Hk > 0 && slots == H + 2 * Hk && H % Hk == 0, "attention: ", slots,
+              " packed heads do not split into ", H,
+              " query heads plus key and value heads whose count divides it");
   TORCH_CHECK(qkv.scalar_type() == at::kHalf || qkv.scalar_type() == at::kBFloat16,
               "attention: cuDNN's fused attention runs float16 or bfloat16, got ",
               qkv.scalar_type());
   TORCH_CHECK(out.scalar_type() == qkv.scalar_type(), "attention: out must be ", qkv.scalar_type());
   TORCH_CHECK(D % 8 == 0 && D <= kMaxHeadDim, "attention: head dim ", D,
               " must be a multiple of 8 up to ", kMaxHeadDim,
-              " (pad the weights: padded_head_dim, pad_qkv_weight)");
-  TORCH_CHECK(S > 0 && B > 0 && H > 0, "attention: empty input ", qkv.sizes());
+              " (pad the weights: padded_head_dim, pad_head_rows)");
+  TORCH_CHECK(S > 0 && B > 0, "attention: empty input ", qkv.sizes());
   TORCH_CHECK(qkv.device() == out.device(), "attention: qkv and out are on different devices");
   TORCH_CHECK(scale > 0.f, "attention: scale must be positive");
   SdpaKey k;
   k.b = B;
   k.h = H;
+  k.hk = Hk;
   k.s = S;
   k.d = D;
   k.dtype = qkv.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
-  k.qkv_stride = {S * 3 * H * D, D, 3 * H * D, 1};
+  k.qkv_stride = {S * slots * D, D, slots * D, 1};
   k.o_stride = {S * H * D, D, H * D, 1};
+  k.k_offset = H * D;
+  k.v_offset = (H + Hk) * D;
   k.scale = scale;
   k.device = qkv.device().is_cuda() ? qkv.device().index() : -1;
   return k;
@@ -162,12 +187,14 @@ void Attention::packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float s
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     const std::vector<std::int64_t> dim = {key.b, key.h, key.s, key.d};
-    auto tensor = [&](const char* name, std::int64_t uid) {
+    const std::vector<std::int64_t> kv_dim = {key.b, key.hk, key.s, key.d};
+    auto tensor = [&](const char* name, std::int64_t uid, const std::vector<std::int64_t>& d) {
       return g->tensor(
-          fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(
+          fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(d).set_stride(
               vec(key.qkv_stride)));
     };
-    auto q = tensor("Q", kUidQ), k = tensor("K", kUidK), v = tensor("V", kUidV);
+    auto q = tensor("Q", kUidQ, dim), k = tensor("K", kUidK, kv_dim),
+         v = tensor("V", kUidV, kv_dim);
     auto options = fe::graph::SDPA_attributes()
                        .set_name("sapiens_attention")
                        .set_generate_stats(false)
@@ -197,10 +224,10 @@ void Attention::packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float s
     workspace = at::empty({plan->workspace}, qkv.options().dtype(at::kByte));
   }
   auto* base = static_cast<char*>(qkv.data_ptr());
-  const std::int64_t head_bytes = key.h * key.d * static_cast<std::int64_t>(qkv.element_size());
+  const auto bytes = static_cast<std::int64_t>(qkv.element_size());
   std::unordered_map<std::int64_t, void*> pack = {{kUidQ, base},
-                                                  {kUidK, base + head_bytes},
-                                                  {kUidV, base + 2 * head_bytes},
+                                                  {kUidK, base + key.k_offset * bytes},
+                                                  {kUidV, base + key.v_offset * bytes},
                                                   {kUidO, out.data_ptr()}};
   check_fe(plan->graph->execute(handle, pack, workspace.defined() ? workspace.data_ptr() : nullptr),
            "execute");

@@ -1,10 +1,13 @@
 // cudnn_hacc: multi-head attention through cuDNN's fused scaled-dot-product attention (the
 // cudnn-frontend graph API), reading Q, K and V in place from the packed output of the qkv GEMM.
 //
-// Layout: the qkv GEMM writes [B, S, 3, H, D] (its weight rows are Q, K, V, head-major), so Q,
-// K and V are [B, H, S, D] tensors with strides {S*3*H*D, D, 3*H*D, 1} at offsets 0, H*D and
-// 2*H*D; the output is written as [B, S, H, D], which is the projection GEMM's input as is. No
-// transpose kernel runs on either side.
+// Layout: the qkv GEMM writes [B, S, H + 2*Hk, D] (its weight rows are the H query heads, then
+// the Hk key heads, then the Hk value heads; Hk = H for v1's [B, S, 3, H, D], fewer for Sapiens2's
+// grouped-query blocks), so Q is [B, H, S, D] and K, V are [B, Hk, S, D] with strides
+// {S*W, D, W, 1} (W = (H + 2*Hk)*D) at offsets 0, H*D and (H + Hk)*D; cuDNN maps query head h to
+// key/value head h / (H / Hk), the grouping of repeat_interleave. The output is written as
+// [B, S, H, D], which is the projection GEMM's input as is. No transpose kernel runs on either
+// side.
 //
 // Head dims: cuDNN wants D to be a multiple of 8. Sapiens uses 64 (v1 0.3b/1b, Sapiens2
 // 0.4b/1b), 80 (v1 0.6b, Sapiens2 0.8b), 60 (v1 2b) and 76 (Sapiens2 5b). The last two are
@@ -36,7 +39,10 @@ std::int64_t padded_head_dim(std::int64_t head_dim);
 
 // qkv weight [3*H*hd, C] -> [3*H*hdp, C] and bias [3*H*hd] -> [3*H*hdp], zeros in the padding;
 // projection weight [C, H*hd] -> [C, H*hdp], zero columns in the padding. The tensors come back
-// unchanged when hdp == hd. Any device and dtype.
+// unchanged when hdp == hd. Any device and dtype. pad_head_rows is the general form: `slots`
+// heads of hd rows each (a weight [slots*hd, C] or a bias/norm weight [slots*hd]).
+at::Tensor pad_head_rows(const at::Tensor& t, std::int64_t slots, std::int64_t hd,
+                         std::int64_t hdp);
 at::Tensor pad_qkv_weight(const at::Tensor& w, std::int64_t heads, std::int64_t hd,
                           std::int64_t hdp);
 at::Tensor pad_qkv_bias(const at::Tensor& b, std::int64_t heads, std::int64_t hd, std::int64_t hdp);
@@ -45,9 +51,10 @@ at::Tensor pad_proj_weight(const at::Tensor& w, std::int64_t heads, std::int64_t
 
 // What a built cuDNN graph depends on; graphs are cached per key.
 struct SdpaKey {
-  std::int64_t b = 0, h = 0, s = 0, d = 0;
+  std::int64_t b = 0, h = 0, hk = 0, s = 0, d = 0;  // hk: key/value heads
   DType dtype = DType::kF16;
   std::array<std::int64_t, 4> qkv_stride{}, o_stride{};  // [B, H, S, D] strides, elements
+  std::int64_t k_offset = 0, v_offset = 0;               // elements from the start of qkv
   float scale = 0.f;
   int device = 0;
   bool operator==(const SdpaKey&) const = default;
@@ -57,9 +64,9 @@ struct SdpaKeyHash {
   std::size_t operator()(const SdpaKey& k) const noexcept;
 };
 
-// Checks a packed qkv [B, S, 3, H, D] and an output [B, S, H, D] (contiguous, one dtype among
-// float16/bfloat16, D a multiple of 8 up to 256, same device) and returns the graph key. Host
-// logic only: runs on CPU tensors too.
+// Checks a packed qkv [B, S, 3, H, D] or [B, S, H + 2*Hk, D] (H from out; Hk must divide H) and
+// an output [B, S, H, D] (contiguous, one dtype among float16/bfloat16, D a multiple of 8 up to
+// 256, same device) and returns the graph key. Host logic only: runs on CPU tensors too.
 SdpaKey packed_qkv_key(const at::Tensor& qkv, const at::Tensor& out, float scale);
 
 // A cuDNN handle and the graphs built on it, for one device. packed_qkv() may be called from
@@ -71,7 +78,8 @@ class Attention {
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;
 
-  // out[b, s, h, :] = softmax(scale * Q K^T) V for every batch entry and head.
+  // out[b, s, h, :] = softmax(scale * Q_h K_g^T) V_g for every batch entry and query head h,
+  // g = h / (H / Hk) its key/value head.
   void packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float scale);
 
   std::size_t graphs_cached() const;

@@ -1,6 +1,7 @@
 // fastbb: the ViT backbone's building blocks on the GPU.
 //
-//  - layer_norm: one warp per token row, fp32 mean and variance whatever the element type;
+//  - layer_norm (v1) and rms_norm (Sapiens2): one warp per token row, fp32 statistics whatever
+//    the element type;
 //  - Gemm::linear: cuBLASLt GEMMs for every Linear of the block, with the bias and the residual
 //    add fused into the GEMM (the bias epilogue, and beta = 1 with the residual as C, which may
 //    be the output itself). GELU: cuBLASLt's GELU epilogue is the tanh approximation while
@@ -8,6 +9,10 @@
 //    extra pass over the hidden activation). The tanh epilogue stays selectable
 //    (Activation::kGeluTanhEpilogue) so a GPU run can measure whether it still meets the parity
 //    bars; the kernels Runner does not use it;
+//  - swiglu: Sapiens2's gate between the w12 and w3 GEMMs, silu(gate) * up, one pass;
+//  - scale_add_: Sapiens2's layer scale on the attention branch, x += y * gamma;
+//  - qk_norm_rope_: Sapiens2's per-head q/k RMSNorm and 2D RoPE in one pass over the packed
+//    qkv, in place, so cuDNN then reads Q, K and V from the same buffer;
 //  - patches: the 16x16 stride-16 patch embedding's input as a [tokens, 3*16*16] matrix, so the
 //    embedding is one GEMM (with the position embedding as its residual).
 //
@@ -108,5 +113,33 @@ void gelu_erf_(const at::Tensor& x);
 // column, image-major), columns in the order of a [C, 3, p, p] conv weight viewed as [C, 3*p*p].
 // H and W must be multiples of p. A strided copy (works on any device).
 at::Tensor patches(const at::Tensor& image, std::int64_t patch);
+
+// y = RMSNorm(x) over the last dim of a contiguous [M, C] x; w: [C]; out: [M, C] (may be x).
+void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& out);
+void check_rms_norm_args(const at::Tensor& x, const at::Tensor& w, const at::Tensor& out);
+
+// x += y * gamma (per column) for contiguous [M, C] x and y and gamma [C]: the layer scale,
+// applied as the eager module rounds it (a separate pass: folding gamma into the projection
+// weight would push small-gamma products below float16's normal range).
+void scale_add_(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma);
+void check_scale_add_args(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma);
+
+// out [M, F] = silu(h[:, :F]) * h[:, F:] for a contiguous h [M, 2F]; out contiguous.
+void swiglu(const at::Tensor& h, const at::Tensor& out);
+void check_swiglu_args(const at::Tensor& h, const at::Tensor& out);
+
+// Sapiens2's q/k preparation, in place on a contiguous packed qkv [B, N, q_heads + 2 * k_heads,
+// D] (queries, then keys, then values; D >= head_dim, the rest zero padding): RMSNorm of every
+// query head with q_w and every key head with k_w (both [>= head_dim], first head_dim used),
+// rounding to bfloat16, and for the tokens n >= prefix the RoPE rotation by the bfloat16 tables
+// cos/sin [N - prefix, head_dim]; values and padding are untouched.
+struct QkRope {
+  std::int64_t q_heads = 0, k_heads = 0, head_dim = 0, prefix = 0;
+  double eps = 1e-6;
+};
+void qk_norm_rope_(const at::Tensor& qkv, const at::Tensor& q_w, const at::Tensor& k_w,
+                   const at::Tensor& cos, const at::Tensor& sin, const QkRope& p);
+void check_qk_norm_rope_args(const at::Tensor& qkv, const at::Tensor& q_w, const at::Tensor& k_w,
+                             const at::Tensor& cos, const at::Tensor& sin, const QkRope& p);
 
 }  // namespace sapiens_seg::kernels::fastbb

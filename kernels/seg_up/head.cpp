@@ -23,31 +23,45 @@ cudaStream_t stream_of(const at::Tensor& t) {
 
 }  // namespace
 
-HeadWeights prepare_head(const std::array<at::Tensor, 3>& deconv,
-                         const std::array<at::Tensor, 3>& conv_w,
-                         const std::array<at::Tensor, 3>& conv_b, const at::Tensor& seg_w,
+HeadWeights prepare_head(const std::vector<at::Tensor>& deconv,
+                         const std::vector<at::Tensor>& conv_w,
+                         const std::vector<at::Tensor>& conv_b, const at::Tensor& seg_w,
                          const at::Tensor& seg_b, c10::Device device, at::ScalarType dtype) {
+  TORCH_CHECK(!deconv.empty() && deconv.size() <= 6, "prepare_head: ", deconv.size(),
+              " deconvolutions (1 to 6 supported)");
+  TORCH_CHECK(conv_w.size() == conv_b.size(), "prepare_head: ", conv_w.size(), " conv weights but ",
+              conv_b.size(), " biases");
   HeadWeights h;
   // Conversion on the host, then one upload of the converted tensor: the device never holds a
   // float32 copy of a weight it runs in 16 bits.
   auto put = [&](const at::Tensor& t) { return t.to(dtype).contiguous().to(device); };
-  for (int s = 0; s < 3; ++s) {
+  std::int64_t width = deconv[0].dim() == 4 ? deconv[0].size(0) : -1;
+  for (size_t s = 0; s < deconv.size(); ++s) {
     const at::Tensor& d = deconv[s];
-    TORCH_CHECK(d.dim() == 4 && d.size(2) == 4 && d.size(3) == 4, "prepare_head: deconvolution ", s,
-                " must be [in, out, 4, 4], got ", d.sizes());
-    h.deconv[s] = put(d.permute({2, 3, 1, 0}));  // [ky, kx, out, in]
-    const at::Tensor& c = conv_w[s];
-    TORCH_CHECK(c.dim() == 4 && c.size(0) == c.size(1) && c.size(2) == 1 && c.size(3) == 1,
-                "prepare_head: conv ", s, " must be [HC, HC, 1, 1], got ", c.sizes());
-    h.conv_w[s] = put(c.reshape({c.size(0), c.size(1)}));
-    h.conv_b[s] = put(conv_b[s]);
+    TORCH_CHECK(d.dim() == 4 && d.size(0) == width && d.size(2) == 4 && d.size(3) == 4,
+                "prepare_head: deconvolution ", s, " must be [", width, ", out, 4, 4], got ",
+                d.sizes());
+    h.deconv.push_back(put(d.permute({2, 3, 1, 0})));  // [ky, kx, out, in]
+    width = d.size(1);
   }
-  TORCH_CHECK(seg_w.dim() == 4 && seg_w.size(2) == 1 && seg_w.size(3) == 1,
-              "prepare_head: conv_seg must be [K, HC, 1, 1], got ", seg_w.sizes());
+  for (size_t s = 0; s < conv_w.size(); ++s) {
+    const at::Tensor& c = conv_w[s];
+    TORCH_CHECK(c.dim() == 4 && c.size(1) == width && c.size(2) == 1 && c.size(3) == 1,
+                "prepare_head: conv ", s, " must be [out, ", width, ", 1, 1], got ", c.sizes());
+    TORCH_CHECK(conv_b[s].dim() == 1 && conv_b[s].size(0) == c.size(0), "prepare_head: conv ", s,
+                " bias must be [", c.size(0), "], got ", conv_b[s].sizes());
+    h.conv_w.push_back(put(c.reshape({c.size(0), c.size(1)})));
+    h.conv_b.push_back(put(conv_b[s]));
+    width = c.size(0);
+  }
+  TORCH_CHECK(
+      seg_w.dim() == 4 && seg_w.size(1) == width && seg_w.size(2) == 1 && seg_w.size(3) == 1,
+      "prepare_head: conv_seg must be [K, ", width, ", 1, 1], got ", seg_w.sizes());
   h.classes = seg_w.size(0);
+  TORCH_CHECK(seg_b.dim() == 1 && seg_b.size(0) == h.classes,
+              "prepare_head: conv_seg bias must be [", h.classes, "], got ", seg_b.sizes());
   const std::int64_t Kp = (h.classes + 7) / 8 * 8;
-  h.seg_w = put(
-      at::constant_pad_nd(seg_w.reshape({h.classes, seg_w.size(1)}), {0, 0, 0, Kp - h.classes}));
+  h.seg_w = put(at::constant_pad_nd(seg_w.reshape({h.classes, width}), {0, 0, 0, Kp - h.classes}));
   h.seg_b = put(at::constant_pad_nd(seg_b, {0, Kp - h.classes}));
   return h;
 }
@@ -83,33 +97,33 @@ at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tens
   const c10::cuda::CUDAGuard guard(feat.device());
   const DType t = to_dtype(feat.scalar_type());
   const cudaStream_t stream = stream_of(feat);
-  const std::int64_t HC = w.conv_w[0].size(0);
   const auto opts = feat.options();
 
   at::Tensor act = feat;    // [H * W, channels]
-  at::Tensor scale, shift;  // undefined: act is used as is (the LayerNorm output)
+  at::Tensor scale, shift;  // undefined: act is used as is (the backbone's final norm)
   std::int64_t H = gh, W = gw;
-  for (int s = 0; s < 3; ++s) {
-    const std::int64_t Cin = act.size(1), Wp = W + 2, M = H * Wp;
+  for (const at::Tensor& taps : w.deconv) {
+    const std::int64_t Cin = act.size(1), Cout = taps.size(2), Wp = W + 2, M = H * Wp;
     at::Tensor padded = at::zeros({padded_rows(H, W), Cin}, opts);
     launch_pad_norm_silu(t, act.const_data_ptr(),
                          scale.defined() ? scale.const_data_ptr<float>() : nullptr,
                          shift.defined() ? shift.const_data_ptr<float>() : nullptr,
                          padded.data_ptr(), H, W, Cin, stream);
-    at::Tensor y = at::empty({4 * H * W, HC}, opts);
-    at::Tensor plane = at::empty({M, HC}, opts);
+    act = at::Tensor();  // the previous map is no longer read: its memory serves the next one
+    at::Tensor y = at::empty({4 * H * W, Cout}, opts);
+    at::Tensor plane = at::empty({M, Cout}, opts);
     for (int py = 0; py < 2; ++py) {
       for (int px = 0; px < 2; ++px) {
         bool first = true;
         for (const auto& ty : kTaps[py]) {
           for (const auto& tx : kTaps[px]) {
             const at::Tensor a = padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp), M);
-            gemm.linear(a, w.deconv[s][ty[1]][tx[1]], at::Tensor(), first ? at::Tensor() : plane,
+            gemm.linear(a, taps[ty[1]][tx[1]], at::Tensor(), first ? at::Tensor() : plane,
                         fastbb::Activation::kNone, plane);
             first = false;
           }
         }
-        launch_scatter_parity(t, plane.const_data_ptr(), y.data_ptr(), H, W, Wp, HC, py, px,
+        launch_scatter_parity(t, plane.const_data_ptr(), y.data_ptr(), H, W, Wp, Cout, py, px,
                               stream);
       }
     }
@@ -122,15 +136,25 @@ at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tens
   }
 
   const std::int64_t P = H * W;
-  at::Tensor tile = at::empty({std::min(kTileRows, P), HC}, opts);
-  for (int s = 0; s < 3; ++s) {
+  at::Tensor tile;
+  for (size_t s = 0; s < w.conv_w.size(); ++s) {
     norm_silu_(act, scale, shift);
-    for (std::int64_t r = 0; r < P; r += kTileRows) {
-      const std::int64_t n = std::min(kTileRows, P - r);
-      const at::Tensor out = tile.narrow(0, 0, n);
-      gemm.linear(act.narrow(0, r, n), w.conv_w[s], w.conv_b[s], at::Tensor(),
-                  fastbb::Activation::kNone, out);
-      act.narrow(0, r, n).copy_(out);
+    const std::int64_t Cin = act.size(1), Cout = w.conv_w[s].size(0);
+    if (Cout == Cin) {  // in place, through the row tile
+      if (!tile.defined() || tile.size(1) != Cout) {
+        tile = at::empty({std::min(kTileRows, P), Cout}, opts);
+      }
+      for (std::int64_t r = 0; r < P; r += kTileRows) {
+        const std::int64_t n = std::min(kTileRows, P - r);
+        const at::Tensor out = tile.narrow(0, 0, n);
+        gemm.linear(act.narrow(0, r, n), w.conv_w[s], w.conv_b[s], at::Tensor(),
+                    fastbb::Activation::kNone, out);
+        act.narrow(0, r, n).copy_(out);
+      }
+    } else {
+      at::Tensor next = at::empty({P, Cout}, opts);
+      gemm.linear(act, w.conv_w[s], w.conv_b[s], at::Tensor(), fastbb::Activation::kNone, next);
+      act = next;
     }
     std::tie(scale, shift) = channel_stats(act, kInstanceNormEps);
   }
@@ -139,6 +163,33 @@ at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tens
   at::Tensor logits = at::empty({P, w.seg_w.size(0)}, opts);
   gemm.linear(act, w.seg_w, w.seg_b, at::Tensor(), fastbb::Activation::kNone, logits);
   return logits;
+}
+
+at::Tensor head_forward_reference(const HeadWeights& w, const at::Tensor& feat, std::int64_t gh,
+                                  std::int64_t gw) {
+  TORCH_CHECK(feat.dim() == 2 && feat.size(0) == gh * gw, "head_forward_reference: feat must be [",
+              gh * gw, ", C], got ", feat.sizes());
+  // InstanceNorm over the pixels of each channel (biased variance, fp32), then SiLU, rounded to
+  // the map's dtype once, as the kernels apply it where the next layer reads the map.
+  auto norm_silu = [](const at::Tensor& x) {
+    const at::Tensor f = x.to(at::kFloat);
+    const at::Tensor mean = f.mean(0, true);
+    const at::Tensor var = (f - mean).square().mean(0, true);
+    return at::silu((f - mean) * at::rsqrt(var + kInstanceNormEps)).to(x.scalar_type());
+  };
+  at::Tensor act = feat.view({gh, gw, feat.size(1)});
+  bool raw = true;  // the backbone's output goes into the first deconvolution as it is
+  for (const at::Tensor& taps : w.deconv) {
+    const at::Tensor in = raw ? act : norm_silu(act.flatten(0, 1)).view(act.sizes());
+    act = subpixel_deconv_reference(in, taps);
+    raw = false;
+  }
+  const std::int64_t H = act.size(0), W = act.size(1);
+  at::Tensor m = act.reshape({H * W, act.size(2)});
+  for (size_t s = 0; s < w.conv_w.size(); ++s) {
+    m = at::addmm(w.conv_b[s], norm_silu(m), w.conv_w[s].t());
+  }
+  return at::addmm(w.seg_b, norm_silu(m), w.seg_w.t());
 }
 
 at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps) {

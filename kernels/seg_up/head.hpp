@@ -1,4 +1,6 @@
-// seg_up: the Sapiens v1 decoder head (VitHead) and the fused bilinear upsample + argmax.
+// seg_up: the decoder head of both families (v1's VitHead: three deconvolutions of one width and
+// three 1x1 convolutions; Sapiens2's: four deconvolutions of falling widths and two 1x1
+// convolutions) and the fused bilinear upsample + argmax.
 //
 // The head runs channels-last ([pixels, channels] matrices), so every layer is a GEMM:
 //  - ConvTranspose2d(k4, s2, p1) is four 2x2 sub-pixel convolutions, one per output parity
@@ -12,7 +14,7 @@
 //    layer reads the map (into the next deconvolution's zero-bordered input, or in place before
 //    a 1x1 convolution);
 //  - the 1x1 convolutions run in row tiles through one scratch tile, so the three 768-channel
-//    maps at 512x384 share one buffer;
+//    maps at 512x384 share one buffer (a convolution that changes the width gets a new map);
 //  - the classifier's output channels are padded to a multiple of 8 (zero rows), which keeps
 //    its rows 16-byte aligned for cuBLASLt; the argmax reads only the real classes.
 #pragma once
@@ -20,8 +22,8 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
-#include <array>
 #include <cstdint>
+#include <vector>
 
 namespace sapiens_seg::kernels::fastbb {
 class Gemm;
@@ -45,25 +47,36 @@ constexpr std::int64_t padded_rows(std::int64_t H, std::int64_t W) {
 }
 
 struct HeadWeights {
-  std::array<at::Tensor, 3> deconv;  // [4, 4, out, in]: deconv[s][ky][kx] is a Linear weight
-  std::array<at::Tensor, 3> conv_w;  // [HC, HC]
-  std::array<at::Tensor, 3> conv_b;  // [HC]
-  at::Tensor seg_w;                  // [Kp, HC], rows >= classes are zero
-  at::Tensor seg_b;                  // [Kp]
+  std::vector<at::Tensor> deconv;  // [4, 4, out, in]: deconv[s][ky][kx] is a Linear weight
+  std::vector<at::Tensor> conv_w;  // [out, in]
+  std::vector<at::Tensor> conv_b;  // [out]
+  at::Tensor seg_w;                // [Kp, in], rows >= classes are zero
+  at::Tensor seg_b;                // [Kp]
   std::int64_t classes = 0;
+
+  // Output pixels per feature pixel along each axis: 2 per deconvolution.
+  std::int64_t upscale() const { return std::int64_t{1} << deconv.size(); }
 };
 
-// From the checkpoint's layouts: deconv [in, out, 4, 4] (ConvTranspose2d), conv [HC, HC, 1, 1],
-// conv_seg [K, HC, 1, 1]; converted to `dtype` on `device`. Host logic (any device).
-HeadWeights prepare_head(const std::array<at::Tensor, 3>& deconv,
-                         const std::array<at::Tensor, 3>& conv_w,
-                         const std::array<at::Tensor, 3>& conv_b, const at::Tensor& seg_w,
+// From the checkpoint's layouts: deconv [in, out, 4, 4] (ConvTranspose2d, no bias), conv
+// [out, in, 1, 1] + bias, conv_seg [K, in, 1, 1] + bias, each stage's input width the previous
+// stage's output; converted to `dtype` on `device`. Host logic (any device).
+HeadWeights prepare_head(const std::vector<at::Tensor>& deconv,
+                         const std::vector<at::Tensor>& conv_w,
+                         const std::vector<at::Tensor>& conv_b, const at::Tensor& seg_w,
                          const at::Tensor& seg_b, c10::Device device, at::ScalarType dtype);
 
-// The head for one image: feat [gh * gw, C] (the final LayerNorm's tokens, row-major over the
-// grid) -> logits [8gh * 8gw, Kp] channels-last, in the weights' dtype, on the GPU.
+// The head for one image: feat [gh * gw, C] (the backbone's final norm, row-major over the
+// grid) -> logits [u*gh * u*gw, Kp] channels-last (u = w.upscale()), in the weights' dtype, on
+// the GPU.
 at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tensor& feat,
                         std::int64_t gh, std::int64_t gw);
+
+// head_forward's schedule on ATen ops (any device and dtype; statistics in fp32): the same
+// prepared weights, sub-pixel taps and fused-normalisation order, so a CPU test can hold
+// prepare_head and the schedule to the networks' own heads.
+at::Tensor head_forward_reference(const HeadWeights& w, const at::Tensor& feat, std::int64_t gh,
+                                  std::int64_t gw);
 
 // The sub-pixel transposed convolution on ATen ops, with the same tap table, offsets and
 // zero-bordered layout as head_forward (so a CPU test can check that index arithmetic against

@@ -169,7 +169,7 @@ std::unique_ptr<core::Runner> pick_runner(
     const LoadOptions& opt, c10::Device device,
     const std::function<std::unique_ptr<core::Runner>()>& portable,
     const std::function<std::unique_ptr<core::Runner>()>& original,
-    const std::function<std::unique_ptr<core::Runner>()>& kernels = nullptr) {
+    const std::function<std::unique_ptr<core::Runner>()>& kernels) {
   switch (opt.mode) {
     case Mode::kOriginal:
       return original();
@@ -177,11 +177,6 @@ std::unique_ptr<core::Runner> pick_runner(
       const std::string why = core::kernels_unavailable_reason(device);
       if (!why.empty()) {
         throw Error(ErrorCode::kBackendUnavailable, "kernels mode unavailable: " + why);
-      }
-      if (!kernels) {
-        throw Error(ErrorCode::kBackendUnavailable,
-                    "kernels mode unavailable: the kernels backend covers Sapiens v1 only so far; "
-                    "use the portable mode");
       }
       return kernels();
     }
@@ -276,7 +271,8 @@ Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<C
                     "(safetensors), not a traced graph, so there is nothing to run as shipped. "
                     "Use the portable mode (the network re-implemented from the authors' "
                     "module definition and checked against it).");
-      });
+      },
+      [&] { return core::make_kernels_v2(tensors, cfg, device, dtype); });
   return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
 }
 

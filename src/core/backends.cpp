@@ -190,6 +190,12 @@ std::unique_ptr<Runner> make_kernels_v1(const TorchScriptCheckpoint&, const v1::
               "kernels mode unavailable: " + kernels_unavailable_reason(device));
 }
 
+std::unique_ptr<Runner> make_kernels_v2(const TensorMap&, const v2::Config&, c10::Device device,
+                                        at::ScalarType) {
+  throw Error(ErrorCode::kBackendUnavailable,
+              "kernels mode unavailable: " + kernels_unavailable_reason(device));
+}
+
 std::unique_ptr<Runner> with_cuda_graphs(std::unique_ptr<Runner> runner, std::size_t) {
   return runner;
 }

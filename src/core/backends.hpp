@@ -46,10 +46,12 @@ std::unique_ptr<Runner> make_original_v1(const TorchScriptCheckpoint& ckpt, cons
 std::unique_ptr<Runner> make_portable_v2(const TensorMap& tensors, const v2::Config& cfg,
                                          c10::Device device, at::ScalarType dtype);
 
-// The CUDA kernels backend (kernels/: fastbb, cudnn_hacc, seg_up) for Sapiens v1, float16 or
-// bfloat16 only. Throws Error(kBackendUnavailable) with the reason where it cannot run (see
+// The CUDA kernels backend (kernels/: fastbb, cudnn_hacc, seg_up), float16 or bfloat16 only.
+// Throws Error(kBackendUnavailable) with the reason where it cannot run (see
 // kernels_unavailable_reason, plus the dtype) or was not compiled in.
 std::unique_ptr<Runner> make_kernels_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
+                                        c10::Device device, at::ScalarType dtype);
+std::unique_ptr<Runner> make_kernels_v2(const TensorMap& tensors, const v2::Config& cfg,
                                         c10::Device device, at::ScalarType dtype);
 
 // `runner` replaying a captured CUDA graph for each input shape it has seen (the `max_graphs`

@@ -34,13 +34,12 @@ std::string block_key(int64_t i, const char* rest) {
   return "backbone.blocks." + std::to_string(i) + "." + rest;
 }
 
-// RoPE's rotate-half: (a, b) -> (-b, a) over the two halves of the head dim.
+}  // namespace
+
 at::Tensor rotate_half(const at::Tensor& t) {
   const int64_t h = t.size(-1) / 2;
   return at::cat({t.narrow(-1, h, h).neg(), t.narrow(-1, 0, h)}, -1);
 }
-
-}  // namespace
 
 // ---- key names -------------------------------------------------------------------------------
 
