@@ -3,6 +3,7 @@
 // GEMMs themselves are cuBLASLt's (gemm.cpp).
 #include "kernels/device_types.cuh"
 #include "kernels/fastbb/launch.hpp"
+#include "kernels/fastbb/sapiens2_math.hpp"
 
 namespace sapiens_seg::kernels::fastbb {
 namespace {
@@ -71,12 +72,6 @@ __global__ void gelu_erf_kernel(T* x, std::int64_t packs) {
   }
 }
 
-// The value a PyTorch op producing T would store: float -> T -> float.
-template <typename T>
-__device__ __forceinline__ float stored(float v) {
-  return to_f32(from_f32<T>(v));
-}
-
 // RMSNorm with fp32 statistics and one rounding to T at the end, as at::rms_norm rounds a 16-bit
 // input (x * rstd * w in fp32, then T).
 template <typename T, int V>
@@ -106,7 +101,7 @@ __global__ void rms_norm_kernel(const T* x, const T* __restrict__ w, T* y, std::
     P o;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      o.v[k] = from_f32<T>(to_f32(p.v[k]) * rstd * to_f32(pw.v[k]));
+      o.v[k] = rms_norm_element<T>(to_f32(p.v[k]), rstd, to_f32(pw.v[k]));
     }
     yr[i] = o;
   }
@@ -127,8 +122,7 @@ __global__ void swiglu_kernel(const T* __restrict__ h, T* __restrict__ out, std:
     P o;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float g = to_f32(a.v[k]);
-      o.v[k] = from_f32<T>(stored<T>(g / (1.f + expf(-g))) * to_f32(b.v[k]));
+      o.v[k] = swiglu_element<T>(to_f32(a.v[k]), to_f32(b.v[k]));
     }
     reinterpret_cast<P*>(out + r * F)[c] = o;
   }
@@ -150,7 +144,7 @@ __global__ void scale_add_kernel(T* x, const T* __restrict__ y, const T* __restr
     const P g = reinterpret_cast<const P*>(gamma)[c];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      a.v[k] = from_f32<T>(to_f32(a.v[k]) + stored<T>(to_f32(b.v[k]) * to_f32(g.v[k])));
+      a.v[k] = scale_add_element<T>(to_f32(a.v[k]), to_f32(b.v[k]), to_f32(g.v[k]));
     }
     reinterpret_cast<P*>(x)[i] = a;
   }
@@ -186,20 +180,12 @@ __global__ void qk_norm_rope_kernel(T* qkv, const T* __restrict__ q_w, const T* 
   const bool rotate = n >= prefix;
   const std::int64_t t = static_cast<std::int64_t>(n - prefix) * hd;
   for (int j = lane; j < half; j += 32) {
-    using B16 = __nv_bfloat16;
-    float a = stored<B16>(stored<T>(to_f32(v[j]) * rstd * to_f32(w[j])));
-    float b = stored<B16>(stored<T>(to_f32(v[j + half]) * rstd * to_f32(w[j + half])));
-    if (rotate) {
-      // rotate_half pairs element j with j + hd/2: (a, b) -> (-b, a).
-      const float ra = stored<B16>(stored<B16>(a * to_f32(cos_t[t + j])) +
-                                   stored<B16>(-b * to_f32(sin_t[t + j])));
-      const float rb = stored<B16>(stored<B16>(b * to_f32(cos_t[t + j + half])) +
-                                   stored<B16>(a * to_f32(sin_t[t + j + half])));
-      a = ra;
-      b = rb;
-    }
-    v[j] = from_f32<T>(a);
-    v[j + half] = from_f32<T>(b);
+    const QkPair o = qk_norm_rope_pair<T>(
+        to_f32(v[j]), to_f32(v[j + half]), rstd, to_f32(w[j]), to_f32(w[j + half]), rotate,
+        rotate ? to_f32(cos_t[t + j]) : 0.f, rotate ? to_f32(sin_t[t + j]) : 0.f,
+        rotate ? to_f32(cos_t[t + j + half]) : 0.f, rotate ? to_f32(sin_t[t + j + half]) : 0.f);
+    v[j] = from_f32<T>(o.a);
+    v[j + half] = from_f32<T>(o.b);
   }
 }
 

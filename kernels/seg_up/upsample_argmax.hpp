@@ -1,33 +1,12 @@
 // The per-pixel core of the fused bilinear upsample + argmax, shared by the CUDA kernel and the
 // host (so a CPU test runs the very code the kernel runs). Matches core::upsample_argmax (the
 // CPU path) operation for operation: PyTorch's align_corners=False source rule, the same blend
-// order, first maximum wins. Multiplies and adds are explicitly rounded on the device so nvcc
-// cannot contract them into FMAs, which would round differently from the host.
+// order, first maximum wins. Multiplies and adds go through mul_rn/add_rn (no FMA contraction).
 #pragma once
 
-#if defined(__CUDACC__)
-#define SAPIENS_HD __host__ __device__
-#else
-#define SAPIENS_HD
-#endif
+#include "kernels/host_device.hpp"
 
 namespace sapiens_seg::kernels::seg_up {
-
-SAPIENS_HD inline float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-SAPIENS_HD inline float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
 
 // Source rows (or columns) and weights of output coordinate `dst` when resizing `in` -> `out`:
 // src = (dst + 0.5) * in / out - 0.5, clamped at 0; the far neighbour clamps at the border.
