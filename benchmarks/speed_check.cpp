@@ -59,6 +59,7 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
 #endif
@@ -253,7 +254,8 @@ const char* kPipeline = "public API (sapiens_seg::load, Model::segment)";
 namespace core = sapiens_seg::core;
 
 // The library's device pipeline rebuilt from the core (the build on the GPU machine has no IO
-// layer): core::resize_normalize, the network, core::upsample_argmax_labels.
+// layer): core::resize_normalize, the network, core::upsample_argmax_labels. Sapiens v1
+// TorchScript files and Sapiens2 .safetensors files (no `original` mode for the latter).
 class CorePipeline final : public Pipeline {
  public:
   explicit CorePipeline(const WorkerOptions& o) {
@@ -264,20 +266,43 @@ class CorePipeline final : public Pipeline {
     if (o.dtype == "bfloat16") dt = sapiens_seg::DType::kBFloat16;
     if (o.dtype == "float16") dt = sapiens_seg::DType::kFloat16;
     const at::ScalarType dtype = core::resolve_dtype(dt, device);
-    const auto ckpt = core::open_torchscript(o.model, /*load_module=*/o.mode == "original");
-    core::v1::ConfigHints hints;
-    if (ckpt.heads_from_graph) hints.heads = *ckpt.heads_from_graph;
-    cfg_ = core::v1::infer_config(ckpt.tensors, hints);
-    runner_ = o.mode == "original"  ? core::make_original_v1(ckpt, cfg_, device, dtype)
-              : o.mode == "kernels" ? core::make_kernels_v1(ckpt, cfg_, device, dtype)
-                                    : core::make_portable_v1(ckpt, cfg_, device, dtype);
+    const std::string ext = ".safetensors";
+    if (o.model.size() > ext.size() &&
+        o.model.compare(o.model.size() - ext.size(), ext.size(), ext) == 0) {
+      // Sapiens2: the tensors are views of the mapped file, which they keep alive. Its demo
+      // resizes with INTER_AREA or INTER_CUBIC; this pipeline's linear device resize stands in
+      // for it (the timing of a resize, not its rule).
+      const core::TensorMap t =
+          core::v2::to_original_names(core::SafetensorsFile::open(o.model).all());
+      const core::v2::Config cfg = core::v2::infer_config(t, {});
+      input_h_ = cfg.input_h;
+      input_w_ = cfg.input_w;
+      mean_ = {123.675f, 116.28f, 103.53f};
+      std_ = {58.395f, 57.12f, 57.375f};
+      if (o.mode == "original") {
+        throw std::runtime_error(
+            "Sapiens2 has no original mode (the authors ship weights, not a "
+            "graph): use --modes portable,kernels");
+      }
+      runner_ = o.mode == "kernels" ? core::make_kernels_v2(t, cfg, device, dtype)
+                                    : core::make_portable_v2(t, cfg, device, dtype);
+    } else {
+      const auto ckpt = core::open_torchscript(o.model, /*load_module=*/o.mode == "original");
+      core::v1::ConfigHints hints;
+      if (ckpt.heads_from_graph) hints.heads = *ckpt.heads_from_graph;
+      const core::v1::Config cfg = core::v1::infer_config(ckpt.tensors, hints);
+      input_h_ = cfg.input_h;
+      input_w_ = cfg.input_w;
+      runner_ = o.mode == "original"  ? core::make_original_v1(ckpt, cfg, device, dtype)
+                : o.mode == "kernels" ? core::make_kernels_v1(ckpt, cfg, device, dtype)
+                                      : core::make_portable_v1(ckpt, cfg, device, dtype);
+    }
     // As Model does by default (LoadOptions::cuda_graphs); nothing changes on the CPU.
     runner_ = core::with_cuda_graphs(std::move(runner_), 4);
   }
   // Model::segment's device pipeline: the uint8 image uploaded through pinned staging, resized
   // and normalised where the network runs, labels computed there (the CPU runs the same ops).
   at::Tensor preprocess(const std::vector<std::uint8_t>& px, int h, int w) const {
-    static const std::array<float, 3> kMean{123.5f, 116.5f, 103.5f}, kStd{58.5f, 57.0f, 57.5f};
     const c10::Device dev = runner_->device();
     at::Tensor img = at::from_blob(const_cast<std::uint8_t*>(px.data()), {h, w, 3}, at::kByte);
     if (!dev.is_cpu()) {
@@ -286,7 +311,7 @@ class CorePipeline final : public Pipeline {
       staged.copy_(img);
       img = staged.to(dev, /*non_blocking=*/true);
     }
-    return core::resize_normalize(img, cfg_.input_h, cfg_.input_w, kMean, kStd);
+    return core::resize_normalize(img, input_h_, input_w_, mean_, std_);
   }
   void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
     const c10::Device dev = runner_->device();
@@ -318,7 +343,9 @@ class CorePipeline final : public Pipeline {
   }
 
  private:
-  core::v1::Config cfg_;
+  int64_t input_h_ = 0, input_w_ = 0;
+  // Sapiens v1's lite demo constants by default; Sapiens2 uses the ImageNet values.
+  std::array<float, 3> mean_{123.5f, 116.5f, 103.5f}, std_{58.5f, 57.0f, 57.5f};
   std::unique_ptr<core::Runner> runner_;
 };
 

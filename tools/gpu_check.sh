@@ -15,7 +15,8 @@
 #
 # Environment: OUT (results folder; default build-gpu/results), CUDA_ARCHS (default 90),
 # GPU_CHECK_PY (Python with torch; default .venv/bin/python, else python3), SPEED_ARGS (extra
-# arguments for benchmarks/speed_check), GPU_CHECK_FIXTURES (names for tools/gpu_fixtures.py).
+# arguments for benchmarks/speed_check), SPEED_S2_ARGS / SPEED_S2=0 (the Sapiens2 speed check on
+# s2_tiny, portable against kernels), GPU_CHECK_FIXTURES (names for tools/gpu_fixtures.py).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -127,6 +128,14 @@ if [ -x "$build/bin/speed_check" ]; then
   # shellcheck disable=SC2086
   "$build/bin/speed_check" ${SPEED_ARGS:---quick --device cuda --dtype float16} \
     --json "$OUT/speed.json" --markdown "$OUT/speed.md" >"$OUT/speed.log" 2>&1 || status=1
+  # Sapiens2 (no original mode): portable against kernels on the s2_tiny fixture.
+  if [ -f "$fixtures/s2_tiny.safetensors" ] && [ "${SPEED_S2:-1}" = 1 ]; then
+    log "speed_check (Sapiens2) ${SPEED_S2_ARGS:---quick --device cuda --dtype float16}"
+    # shellcheck disable=SC2086
+    "$build/bin/speed_check" ${SPEED_S2_ARGS:---quick --device cuda --dtype float16} \
+      --model "$fixtures/s2_tiny.safetensors" --modes portable,kernels \
+      --json "$OUT/speed_s2.json" --markdown "$OUT/speed_s2.md" >"$OUT/speed_s2.log" 2>&1 || status=1
+  fi
 else
   echo "speed_check: not built in this tree (benchmarks/ absent)" >"$OUT/speed.log"
 fi
@@ -176,9 +185,10 @@ if parity:
     print("\nparity (fp16 vs the reference logits; bars: mean <= 0.05, p99 <= 0.25, labels >= 99.5 %):")
     for l in parity:
         print("  " + l)
-speed = os.path.join(out, "speed.md")
-if os.path.exists(speed):
-    print("\n" + open(speed).read())
+for name in ("speed.md", "speed_s2.md"):
+    speed = os.path.join(out, name)
+    if os.path.exists(speed):
+        print("\n" + open(speed).read())
 print(f"\n{n['passed']} passed, {n['FAILED']} failed, {n['skipped']} skipped ({seconds} s in all)")
 EOF
 exit $status
