@@ -1,5 +1,5 @@
-# The kernels backend: three CUDA kernel families and the Runners composed of them (Sapiens v1,
-# and Sapiens2 through its schedule in src/core/v2/kernels_schedule.cpp),
+# The kernels backend: three CUDA kernel families and the Runners composed of them (the
+# schedules in src/core/v1 and src/core/v2/kernels_schedule.cpp over src/core/kernel_ops.hpp),
 # as one static library that sapiens_seg_core (and so every binary built on it) links. Included
 # from the top-level CMakeLists.txt when Dependencies.cmake found CUDA, cuDNN and cudnn-frontend.
 #
@@ -14,6 +14,8 @@ add_library(sapiens_seg_kernels STATIC
   ${CMAKE_SOURCE_DIR}/kernels/seg_up/seg_up.cu
   ${CMAKE_SOURCE_DIR}/kernels/seg_up/head.cpp
   ${CMAKE_SOURCE_DIR}/src/core/kernels_runner.cpp
+  ${CMAKE_SOURCE_DIR}/src/core/kernel_ops.cpp
+  ${CMAKE_SOURCE_DIR}/src/core/v1/kernels_schedule.cpp
   ${CMAKE_SOURCE_DIR}/src/core/v2/kernels_schedule.cpp
   ${CMAKE_SOURCE_DIR}/src/core/cuda_graphs.cpp)
 target_include_directories(sapiens_seg_kernels PUBLIC

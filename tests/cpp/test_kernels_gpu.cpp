@@ -25,8 +25,10 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/kernel_ops.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
+#include "core/v1/kernels_schedule.hpp"
 #include "core/v2/kernels_schedule.hpp"
 #include "core/v2/sapiens2.hpp"
 #include "kernels/cudnn_hacc/attention.hpp"
@@ -358,7 +360,7 @@ namespace schedule = core::v2::kernels_schedule;
 TEST(GpuKernels, RmsNormAndSwiGlu) {
   REQUIRE_GPU();
   at::manual_seed(21);
-  const auto ref = schedule::aten_ops();
+  const auto ref = core::aten_kernel_ops();
   for (at::ScalarType t : kAllTypes) {
     // 78 columns take the scalar path for every type (not a multiple of 4 or 8 elements).
     for (auto [M, C] : {std::pair<int64_t, int64_t>{37, 80}, {5, 1536}, {3, 78}}) {
@@ -398,7 +400,7 @@ TEST(GpuKernels, RmsNormAndSwiGlu) {
 TEST(GpuKernels, QkNormRopeMatchesThePortableOps) {
   REQUIRE_GPU();
   at::manual_seed(22);
-  const auto ref = schedule::aten_ops();
+  const auto ref = core::aten_kernel_ops();
   const int64_t B = 2, pre = 9, gh = 4, gw = 3, N = pre + gh * gw;
   for (at::ScalarType t : kAllTypes) {
     for (auto [H, kv, hd] :
@@ -413,7 +415,7 @@ TEST(GpuKernels, QkNormRopeMatchesThePortableOps) {
           at::pow(c10::Scalar(100), at::arange(hd / 4, bf).mul(2).div(hd / 2));
       const auto [cos, sin] = core::v2::rope_tables(periods, gh, gw);
       at::Tensor want = qkv.clone();
-      ref->qk_norm_rope(want, H, kv, hd, qw, kw, cos, sin, pre, 1e-6);
+      ref->qk_norm_rope(want, qw, kw, cos, sin, {H, kv, hd, pre, 1e-6});
       at::Tensor got = qkv.clone();
       fastbb::qk_norm_rope_(got, qw, kw, cos, sin, {H, kv, hd, pre, 1e-6});
       const std::string what = std::string(c10::toString(t)) + " H " + std::to_string(H) + " kv " +
@@ -431,7 +433,7 @@ TEST(GpuKernels, GroupedQueryAttention) {
   REQUIRE_GPU();
   at::manual_seed(23);
   cudnn_hacc::Attention attn(kGpu);
-  const auto ref = schedule::aten_ops();
+  const auto ref = core::aten_kernel_ops();
   const int64_t B = 2, S = 9 + 48;
   for (at::ScalarType t : {at::kHalf, at::kBFloat16}) {
     for (auto [H, kv, hd] :
@@ -675,7 +677,7 @@ TEST(GpuParityV2, PortableAndKernelsInFloat16MatchTheFloat32Network) {
   // own reference), and a batch of two equals the single images.
   const auto kb = core::make_kernels_v2(t, cfg, kGpu, at::kBFloat16);
   const schedule::Weights wb = schedule::prepare(t, cfg, kGpu, at::kBFloat16);
-  const auto aten = schedule::aten_ops();
+  const auto aten = core::aten_kernel_ops();
   const at::Tensor yk = kb->forward_device(x.to(kGpu)).to(at::kFloat);
   const at::Tensor ya = schedule::forward(wb, cfg, *aten, x.to(kGpu)).to(at::kFloat);
   for (int64_t b = 0; b < 2; ++b) {

@@ -15,8 +15,11 @@
 #include <filesystem>
 
 #include "core/backends.hpp"
+#include "core/checkpoint.hpp"
+#include "core/kernel_ops.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
+#include "core/v1/kernels_schedule.hpp"
 #include "core/v2/kernels_schedule.hpp"
 #include "core/v2/sapiens2.hpp"
 #include "kernels/cudnn_hacc/attention.hpp"
@@ -519,7 +522,7 @@ TEST(UnitKernelsSchedule, Sapiens2ScheduleOnAtenEqualsThePortableNetwork) {
   const at::Tensor x = at::randn({2, 3, 128, 96});
   const core::v2::Network net(t, cfg, cpu, at::kFloat);
   const at::Tensor want = net.forward(x);
-  const auto ops = schedule::aten_ops();
+  const auto ops = core::aten_kernel_ops();
   const at::Tensor got = schedule::forward(w, cfg, *ops, x);
   ASSERT_EQ(got.sizes(), want.sizes());
   // Sapiens2 rounds q and k to bfloat16 for RoPE even in a float32 model, so float32 results
@@ -554,6 +557,37 @@ TEST(UnitKernelsSchedule, Sapiens2ScheduleOnAtenEqualsThePortableNetwork) {
               (gb - pb).abs().mean().item<double>(), 100 * agree_bf16);
   EXPECT_GT(agree_bf16, 0.9);
   EXPECT_THROW(schedule::forward(w, cfg, *ops, at::randn({1, 3, 64, 96})), Error);
+}
+
+// The schedule the kernels backend runs for Sapiens v1 (patch embedding as a GEMM with the
+// position embedding as its residual, packed qkv read as [B, N, 3H, D], fused residual adds,
+// exact GELU, the head in seg_up's layout), each step on ATen ops, against the portable
+// network in float32. v1 has no bfloat16 step, so the bar is float32 round-off.
+TEST(UnitKernelsSchedule, V1ScheduleOnAtenEqualsThePortableNetwork) {
+  namespace schedule = core::v1::kernels_schedule;
+  for (const std::string name : {"tiny_a", "tiny_b"}) {
+    const std::string file = test::fixture(name + "_torchscript.pt2");
+    if (!std::filesystem::exists(file)) GTEST_SKIP() << file << " not built";
+    const core::TorchScriptCheckpoint ckpt = core::open_torchscript(file);
+    core::v1::ConfigHints hints;
+    hints.heads = ckpt.heads_from_graph;
+    const core::v1::Config cfg = core::v1::infer_config(ckpt.tensors, hints);
+    const c10::Device cpu(c10::kCPU);
+    const schedule::Weights w = schedule::prepare(ckpt.tensors, cfg, cpu, at::kFloat);
+    EXPECT_EQ(w.head.upscale(), 8);
+    at::manual_seed(13);
+    const int64_t B = name == "tiny_a" ? 2 : 1;
+    const at::Tensor x = at::randn({B, 3, cfg.input_h, cfg.input_w});
+    const at::Tensor want = core::make_portable_v1(ckpt, cfg, cpu, at::kFloat)->forward(x);
+    const auto ops = core::aten_kernel_ops();
+    const at::Tensor got = schedule::forward(w, cfg, *ops, x);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double scale = want.abs().max().item<double>(), d = max_diff(got, want);
+    std::printf("v1 schedule on ATen vs portable, %s float32: max |diff| %.3g (|logit| max %.3g)\n",
+                name.c_str(), d, scale);
+    EXPECT_LE(d, 1e-4 * std::max(scale, 1.0)) << name;
+    EXPECT_THROW(schedule::forward(w, cfg, *ops, at::randn({1, 3, 32, 32})), Error);
+  }
 }
 
 // ---- the element arithmetic of fastbb's Sapiens2 kernels, run on the host -------------------
@@ -677,7 +711,7 @@ TEST(UnitKernelsSapiens2Math, SwiGluRoundsLikeAten) {
 TEST(UnitKernelsSapiens2Math, QkNormRopePairRoundsLikeThePortableNetwork) {
   at::manual_seed(33);
   namespace schedule = core::v2::kernels_schedule;
-  const auto ref = schedule::aten_ops();
+  const auto ref = core::aten_kernel_ops();
   const int64_t B = 2, pre = 9, gh = 4, gw = 3, P = gh * gw, N = pre + P, H = 4, kv = 2, hd = 20;
   const auto bf = at::TensorOptions().dtype(at::kBFloat16);
   const at::Tensor periods = at::pow(c10::Scalar(100), at::arange(hd / 4, bf).mul(2).div(hd / 2));
@@ -687,7 +721,7 @@ TEST(UnitKernelsSapiens2Math, QkNormRopePairRoundsLikeThePortableNetwork) {
     const at::Tensor qkv = (at::randn({B, N, H + 2 * kv, hd}) * 2).to(t);
     const at::Tensor qw = (at::randn({hd}) * 0.3 + 1).to(t), kw = (at::randn({hd}) * 0.3 + 1).to(t);
     at::Tensor want = qkv.clone();
-    ref->qk_norm_rope(want, H, kv, hd, qw, kw, cos, sin, pre, 1e-6);
+    ref->qk_norm_rope(want, qw, kw, cos, sin, {H, kv, hd, pre, 1e-6});
 
     const at::Tensor xf = qkv.to(at::kFloat), r = rstd_of(qkv, 1e-6);
     const at::Tensor qwf = qw.to(at::kFloat), kwf = kw.to(at::kFloat);

@@ -19,77 +19,13 @@ namespace cudnn_hacc = kernels::cudnn_hacc;
 namespace seg_up = kernels::seg_up;
 
 constexpr double kRmsNormEps = 1e-6;  // every RMSNorm of the Sapiens2 backbone
+constexpr auto kNone = kernels::fastbb::Activation::kNone;
 
 std::string block_key(std::size_t i, const char* rest) {
   return "backbone.blocks." + std::to_string(i) + "." + rest;
 }
 
-class AtenOps final : public Ops {
- public:
-  void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
-                const at::Tensor& out) override {
-    out.copy_(at::rms_norm(x, {x.size(-1)}, w, eps));
-  }
-
-  void linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-              const at::Tensor& residual, const at::Tensor& out) override {
-    at::Tensor y = at::linear(x, w, b);
-    out.copy_(residual.defined() ? residual + y : y);
-  }
-
-  void qk_norm_rope(const at::Tensor& qkv, std::int64_t q_heads, std::int64_t kv_heads,
-                    std::int64_t head_dim, const at::Tensor& q_w, const at::Tensor& k_w,
-                    const at::Tensor& cos, const at::Tensor& sin, std::int64_t prefix,
-                    double eps) override {
-    const std::int64_t P = qkv.size(1) - prefix;
-    const at::Tensor c = cos.view({1, P, 1, head_dim}), s = sin.view({1, P, 1, head_dim});
-    for (const bool keys : {false, true}) {
-      const at::Tensor v =
-          qkv.narrow(2, keys ? q_heads : 0, keys ? kv_heads : q_heads).narrow(3, 0, head_dim);
-      const at::Tensor& w = keys ? k_w : q_w;
-      // The portable network's order: the norm in the model dtype, then bf16 for the rotation.
-      at::Tensor n = at::rms_norm(v, {head_dim}, w.narrow(0, 0, head_dim), eps).to(at::kBFloat16);
-      at::Tensor p = n.narrow(1, prefix, P);
-      p = p.mul(c).add(rotate_half(p).mul(s));
-      v.copy_(at::cat({n.narrow(1, 0, prefix), p}, 1));
-    }
-  }
-
-  void attention(const at::Tensor& qkv, const at::Tensor& out, float scale) override {
-    const std::int64_t H = out.size(2), kv = (qkv.size(2) - H) / 2;
-    const at::Tensor q = qkv.narrow(2, 0, H).transpose(1, 2);
-    at::Tensor k = qkv.narrow(2, H, kv).transpose(1, 2);
-    at::Tensor v = qkv.narrow(2, H + kv, kv).transpose(1, 2);
-    if (kv != H) {
-      k = k.repeat_interleave(H / kv, 1);
-      v = v.repeat_interleave(H / kv, 1);
-    }
-    const at::Tensor o = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
-                                                          /*dropout_p=*/0.0, /*is_causal=*/false,
-                                                          static_cast<double>(scale));
-    out.copy_(o.transpose(1, 2));
-  }
-
-  void scale_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma) override {
-    x.copy_(x + y.mul(gamma));
-  }
-
-  void swiglu(const at::Tensor& h, const at::Tensor& out) override {
-    const auto halves = h.chunk(2, -1);
-    out.copy_(at::silu(halves[0]).mul(halves[1]));
-  }
-
-  at::Tensor head(const seg_up::HeadWeights& w, const at::Tensor& feat, std::int64_t gh,
-                  std::int64_t gw) override {
-    return seg_up::head_forward_reference(w, feat, gh, gw);
-  }
-};
-
 }  // namespace
-
-std::unique_ptr<Ops> aten_ops() {
-  return std::make_unique<AtenOps>();
-}
 
 Weights prepare(const TensorMap& t, const Config& c, c10::Device device, at::ScalarType dtype) {
   c10::InferenceMode guard;
@@ -151,7 +87,7 @@ Weights prepare(const TensorMap& t, const Config& c, c10::Device device, at::Sca
   return w;
 }
 
-at::Tensor forward(const Weights& w, const Config& c, Ops& ops, const at::Tensor& x) {
+at::Tensor forward(const Weights& w, const Config& c, KernelOps& ops, const at::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3 || x.size(2) != c.input_h || x.size(3) != c.input_w) {
     throw Error(ErrorCode::kInvalidInput, "network input must be [B,3," +
                                               std::to_string(c.input_h) + "," +
@@ -171,7 +107,8 @@ at::Tensor forward(const Weights& w, const Config& c, Ops& ops, const at::Tensor
   for (std::int64_t b = 0; b < B; ++b) {
     const at::Tensor rows = tok.narrow(0, b * N, N);
     rows.narrow(0, 0, pre).copy_(w.prefix);
-    ops.linear(pm.narrow(0, b * P, P), w.patch_w, w.patch_b, at::Tensor(), rows.narrow(0, pre, P));
+    ops.linear(pm.narrow(0, b * P, P), w.patch_w, w.patch_b, at::Tensor(), kNone,
+               rows.narrow(0, pre, P));
   }
 
   at::Tensor h = at::empty({M, C}, opts);
@@ -187,16 +124,16 @@ at::Tensor forward(const Weights& w, const Config& c, Ops& ops, const at::Tensor
       const at::Tensor qkv = qkv_store.narrow(0, 0, M * slots * hdp).view({M, slots * hdp});
       const at::Tensor qkv4 = qkv.view({B, N, slots, hdp});
       ops.rms_norm(tok, b.ln1_w, kRmsNormEps, h);
-      ops.linear(h, b.qkv_w, b.qkv_b, at::Tensor(), qkv);
-      ops.qk_norm_rope(qkv4, H, b.kv_heads, hd, b.q_norm_w, b.k_norm_w, w.rope_cos, w.rope_sin, pre,
-                       kRmsNormEps);
+      ops.linear(h, b.qkv_w, b.qkv_b, at::Tensor(), kNone, qkv);
+      ops.qk_norm_rope(qkv4, b.q_norm_w, b.k_norm_w, w.rope_cos, w.rope_sin,
+                       {H, b.kv_heads, hd, pre, kRmsNormEps});
       ops.attention(qkv4, o.view({B, N, H, hdp}), scale);
-      ops.linear(o, b.proj_w, b.proj_b, at::Tensor(), h);  // h is free after the qkv GEMM
+      ops.linear(o, b.proj_w, b.proj_b, at::Tensor(), kNone, h);  // h is free after the qkv GEMM
       ops.scale_add(tok, h, b.gamma);
       ops.rms_norm(tok, b.ln2_w, kRmsNormEps, h);
-      ops.linear(h, b.w12_w, b.w12_b, at::Tensor(), h12);
+      ops.linear(h, b.w12_w, b.w12_b, at::Tensor(), kNone, h12);
       ops.swiglu(h12, gated);
-      ops.linear(gated, b.w3_w, b.w3_b, tok, tok);
+      ops.linear(gated, b.w3_w, b.w3_b, tok, kNone, tok);
     }
   }
   ops.rms_norm(tok, w.ln_w, kRmsNormEps, h);
