@@ -818,11 +818,24 @@ std::string markdown(const json& report) {
           speed);
   if (has_py)
     table("Peak RSS against the original in Python (lower is better)", "original-python", mem);
+  if (!has_py && !has_cpp) {
+    // No original column (Sapiens2 has none): the first portable column is the reference.
+    const auto p = std::find_if(ids.begin(), ids.end(),
+                                [](const std::string& id) { return id.rfind("portable", 0) == 0; });
+    if (p != ids.end()) {
+      const std::string& title = titles[static_cast<size_t>(p - ids.begin())];
+      table("Speed-up against " + title + " (higher is better)", *p, speed);
+      table("Peak RSS against " + title + " (lower is better)", *p, mem);
+    }
+  }
 
   const json& acc = report["accuracy"];
   if (acc.contains("columns") && !acc["columns"].empty()) {
     const std::string ref = acc["reference"];
-    md << "## Outputs against the " << (ref == "original" ? "original mode" : "original in Python")
+    md << "## Outputs against the "
+       << (ref == "original"          ? std::string("original mode")
+           : ref == "original-python" ? std::string("original in Python")
+                                      : ref)
        << " (one " << acc["height"].get<int>() << "x" << acc["width"].get<int>()
        << " image; random weights make label agreement pessimistic)\n\n"
        << "| mode | max abs logit diff | mean abs logit diff | label agreement "
@@ -912,8 +925,8 @@ double wait_for_quiet(double seconds) {
 }
 
 // Every column's outputs for one synthetic image against the reference column's (the original in
-// Python when it runs, else the original mode): logits at the network's output size and labels
-// at the image's size.
+// Python when it runs, else the original mode, else the first portable column): logits at the
+// network's output size and labels at the image's size.
 json compare_outputs(std::vector<Column>& cols, int h, int w) {
   std::error_code ec;
   std::string tmpl = (fs::temp_directory_path(ec) / "speed_check.XXXXXX").string();
@@ -938,7 +951,12 @@ json compare_outputs(std::vector<Column>& cols, int h, int w) {
     std::remove((prefix + ".labels").c_str());
   }
   ::rmdir(dir);
-  const std::string ref = got.count("original-python") ? "original-python" : "original";
+  // Against the original; without one (Sapiens2 has none), against the first portable column.
+  std::string ref = got.count("original-python") ? "original-python" : "original";
+  for (const auto& c : cols) {  // in column order (got is sorted by name)
+    if (got.count(ref)) break;
+    if (c.id.rfind("portable", 0) == 0 && got.count(c.id)) ref = c.id;
+  }
   json out = {{"reference", ref}, {"height", h}, {"width", w}, {"columns", json::object()}};
   if (!got.count(ref)) return out;
   const auto& [rl, rb] = got[ref];

@@ -129,7 +129,8 @@ if [ -x "$build/bin/speed_check" ]; then
   "$build/bin/speed_check" ${SPEED_ARGS:---quick --device cuda --dtype float16} \
     --json "$OUT/speed.json" --markdown "$OUT/speed.md" >"$OUT/speed.log" 2>&1 || status=1
   # Sapiens2 (no original mode): portable against kernels on the s2_tiny fixture.
-  if [ -f "$fixtures/s2_tiny.safetensors" ] && [ "${SPEED_S2:-1}" = 1 ]; then
+  rm -f "$OUT"/speed_s2.*  # never report an earlier run's figures
+  if [ -f "$fixtures/s2_tiny.safetensors" ] && [ "${SPEED_S2:-1}" != 0 ]; then
     log "speed_check (Sapiens2) ${SPEED_S2_ARGS:---quick --device cuda --dtype float16}"
     # shellcheck disable=SC2086
     "$build/bin/speed_check" ${SPEED_S2_ARGS:---quick --device cuda --dtype float16} \
