@@ -134,8 +134,9 @@ TEST(UnitKernelsAttention, PackedQkvKeyChecksAndStrides) {
   EXPECT_EQ(k.s, 197);
   EXPECT_EQ(k.d, 64);
   // Q/K/V as [B, H, S, D] views into [B, S, 3, H, D]; O as [B, S, H, D].
-  EXPECT_EQ(k.qkv_stride, (std::array<int64_t, 4>{197 * 3 * 4 * 64, 64, 3 * 4 * 64, 1}));
-  EXPECT_EQ(k.o_stride, (std::array<int64_t, 4>{197 * 4 * 64, 64, 4 * 64, 1}));
+  EXPECT_EQ(k.qkv_stride,
+            (std::array<int64_t, 4>{int64_t{197} * 3 * 4 * 64, 64, int64_t{3} * 4 * 64, 1}));
+  EXPECT_EQ(k.o_stride, (std::array<int64_t, 4>{int64_t{197} * 4 * 64, 64, int64_t{4} * 64, 1}));
 
   EXPECT_THROW(cudnn_hacc::packed_qkv_key(qkv.to(at::kFloat), out.to(at::kFloat), 0.1f),
                c10::Error);  // no float32 path
@@ -167,7 +168,7 @@ TEST(UnitKernelsAttention, PackedQkvKeyGroupedHeads) {
   const cudnn_hacc::SdpaKey k = cudnn_hacc::packed_qkv_key(qkv, out, 0.1f);
   EXPECT_EQ(k.h, 8);
   EXPECT_EQ(k.hk, 2);
-  EXPECT_EQ(k.qkv_stride, (std::array<int64_t, 4>{57 * 12 * 80, 80, 12 * 80, 1}));
+  EXPECT_EQ(k.qkv_stride, (std::array<int64_t, 4>{int64_t{57} * 12 * 80, 80, int64_t{12} * 80, 1}));
   EXPECT_EQ(k.k_offset, 8 * 80);
   EXPECT_EQ(k.v_offset, 10 * 80);
   // v1's [B, S, 3, H, D] is the case Hk = H.
@@ -187,11 +188,11 @@ TEST(UnitKernelsAttention, PackedQkvKeyGroupedHeads) {
 
 TEST(UnitKernelsAttention, PadHeadRowsKeepsEachHeadsRows) {
   at::manual_seed(4);
-  const at::Tensor w = at::randn({5 * 76, 12}), b = at::randn({5 * 76});
+  const at::Tensor w = at::randn({int64_t{5} * 76, 12}), b = at::randn({int64_t{5} * 76});
   const at::Tensor wp = cudnn_hacc::pad_head_rows(w, 5, 76, 80);
   const at::Tensor bp = cudnn_hacc::pad_head_rows(b, 5, 76, 80);
-  ASSERT_EQ(wp.sizes(), (at::IntArrayRef{5 * 80, 12}));
-  ASSERT_EQ(bp.sizes(), (at::IntArrayRef{5 * 80}));
+  ASSERT_EQ(wp.sizes(), (at::IntArrayRef{int64_t{5} * 80, 12}));
+  ASSERT_EQ(bp.sizes(), (at::IntArrayRef{int64_t{5} * 80}));
   for (int64_t s = 0; s < 5; ++s) {
     EXPECT_EQ(max_diff(wp.narrow(0, s * 80, 76), w.narrow(0, s * 76, 76)), 0.0);
     EXPECT_EQ(wp.narrow(0, s * 80 + 76, 4).abs().max().item<float>(), 0.f);
@@ -319,7 +320,7 @@ TEST(UnitKernelsPatchEmbed, PatchMatrixTimesWeightIsTheConvolution) {
   const at::Tensor w = at::randn({20, 3, 16, 16}), b = at::randn({20});
   const at::Tensor conv = at::conv2d(img, w, b, {16, 16}).flatten(2).transpose(1, 2);  // [B,N,C]
   const at::Tensor p = fastbb::patches(img, 16);
-  ASSERT_EQ(p.sizes(), (at::IntArrayRef{2 * 3 * 2, 768}));
+  ASSERT_EQ(p.sizes(), (at::IntArrayRef{int64_t{2} * 3 * 2, 768}));
   const at::Tensor got = at::addmm(b, p, w.reshape({20, -1}).t()).view({2, 6, 20});
   EXPECT_LT(max_diff(got, conv), 1e-3);
   EXPECT_THROW(fastbb::patches(at::randn({1, 3, 40, 32}), 16), c10::Error);
@@ -705,7 +706,7 @@ TEST(UnitKernelsSapiens2Math, RmsNormAndScaleAddRoundLikeAten) {
 TEST(UnitKernelsSapiens2Math, SwiGluRoundsLikeAten) {
   at::manual_seed(32);
   for (at::ScalarType t : {at::kFloat, at::kHalf, at::kBFloat16}) {
-    const at::Tensor h = (at::randn({32, 2 * 96}) * 3).to(t);
+    const at::Tensor h = (at::randn({32, int64_t{2} * 96}) * 3).to(t);
     const auto halves = h.chunk(2, -1);
     const at::Tensor want = at::silu(halves[0]).mul(halves[1]).to(at::kFloat);
     const at::Tensor a = halves[0].to(at::kFloat).contiguous();
