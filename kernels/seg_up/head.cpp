@@ -103,7 +103,7 @@ at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tens
   at::Tensor scale, shift;  // undefined: act is used as is (the backbone's final norm)
   std::int64_t H = gh, W = gw;
   for (const at::Tensor& taps : w.deconv) {
-    const std::int64_t Cin = act.size(1), Cout = taps.size(2), Wp = W + 2, M = H * Wp;
+    const std::int64_t Cin = act.size(1), Cout = taps.size(2), Wp = W + 2;
     at::Tensor padded = at::zeros({padded_rows(H, W), Cin}, opts);
     launch_pad_norm_silu(t, act.const_data_ptr(),
                          scale.defined() ? scale.const_data_ptr<float>() : nullptr,
@@ -111,20 +111,27 @@ at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tens
                          padded.data_ptr(), H, W, Cin, stream);
     act = at::Tensor();  // the previous map is no longer read: its memory serves the next one
     at::Tensor y = at::empty({4 * H * W, Cout}, opts);
-    at::Tensor plane = at::empty({M, Cout}, opts);
+    const std::int64_t band = std::min(H, deconv_band_rows(W));
+    at::Tensor plane = at::empty({band * Wp, Cout}, opts);
     for (int py = 0; py < 2; ++py) {
       for (int px = 0; px < 2; ++px) {
-        bool first = true;
-        for (const auto& ty : kTaps[py]) {
-          for (const auto& tx : kTaps[px]) {
-            const at::Tensor a = padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp), M);
-            gemm.linear(a, taps[ty[1]][tx[1]], at::Tensor(), first ? at::Tensor() : plane,
-                        fastbb::Activation::kNone, plane);
-            first = false;
+        for (std::int64_t i0 = 0; i0 < H; i0 += band) {
+          // Input rows i0 .. i0+n-1 -> output rows 2*i0+py ..; each tap block starts i0 rows on.
+          const std::int64_t n = std::min(band, H - i0), Mb = n * Wp;
+          const at::Tensor out = plane.narrow(0, 0, Mb);
+          bool first = true;
+          for (const auto& ty : kTaps[py]) {
+            for (const auto& tx : kTaps[px]) {
+              const at::Tensor a = padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp) + i0 * Wp, Mb);
+              gemm.linear(a, taps[ty[1]][tx[1]], at::Tensor(), first ? at::Tensor() : out,
+                          fastbb::Activation::kNone, out);
+              first = false;
+            }
           }
+          launch_scatter_parity(t, out.const_data_ptr(),
+                                y.narrow(0, 2 * i0 * 2 * W, 2 * n * 2 * W).data_ptr(), n, W, Wp,
+                                Cout, py, px, stream);
         }
-        launch_scatter_parity(t, plane.const_data_ptr(), y.data_ptr(), H, W, Wp, Cout, py, px,
-                              stream);
       }
     }
     padded = at::Tensor();
@@ -192,12 +199,14 @@ at::Tensor head_forward_reference(const HeadWeights& w, const at::Tensor& feat, 
   return at::addmm(w.seg_b, norm_silu(m), w.seg_w.t());
 }
 
-at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps) {
+at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps,
+                                     std::int64_t band_rows) {
   TORCH_CHECK(x.dim() == 3 && taps.dim() == 4 && taps.size(0) == 4 && taps.size(1) == 4 &&
                   taps.size(3) == x.size(2),
               "subpixel_deconv_reference: x [H, W, Cin] and taps [4, 4, Cout, Cin] expected");
   const std::int64_t H = x.size(0), W = x.size(1), Cin = x.size(2), Cout = taps.size(2);
-  const std::int64_t Wp = W + 2, M = H * Wp;
+  const std::int64_t Wp = W + 2;
+  const std::int64_t band = std::min(H, band_rows > 0 ? band_rows : deconv_band_rows(W));
   at::Tensor padded = at::zeros({padded_rows(H, W), Cin}, x.options());
   padded.narrow(0, 0, (H + 2) * Wp)
       .view({H + 2, Wp, Cin})
@@ -207,14 +216,18 @@ at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps
   at::Tensor y = at::empty({H, 2, W, 2, Cout}, x.options());
   for (int py = 0; py < 2; ++py) {
     for (int px = 0; px < 2; ++px) {
-      at::Tensor plane = at::zeros({M, Cout}, x.options());
-      for (const auto& ty : kTaps[py]) {
-        for (const auto& tx : kTaps[px]) {
-          plane.addmm_(padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp), M),
-                       taps[ty[1]][tx[1]].t());
+      for (std::int64_t i0 = 0; i0 < H; i0 += band) {
+        const std::int64_t n = std::min(band, H - i0), Mb = n * Wp;
+        at::Tensor plane = at::zeros({Mb, Cout}, x.options());
+        for (const auto& ty : kTaps[py]) {
+          for (const auto& tx : kTaps[px]) {
+            plane.addmm_(padded.narrow(0, tap_row_offset(ty[0], tx[0], Wp) + i0 * Wp, Mb),
+                         taps[ty[1]][tx[1]].t());
+          }
         }
+        y.narrow(0, i0, n).select(3, px).select(1, py).copy_(
+            plane.view({n, Wp, Cout}).narrow(1, 0, W));
       }
-      y.select(3, px).select(1, py).copy_(plane.view({H, Wp, Cout}).narrow(1, 0, W));
     }
   }
   return y.view({2 * H, 2 * W, Cout});

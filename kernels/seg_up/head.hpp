@@ -8,7 +8,8 @@
 //    for the two (dy, ky) pairs of kTaps[py] and the two (dx, kx) of kTaps[px]. With the input
 //    stored zero-bordered as rows of width W+2, each tap is one GEMM over a contiguous block of
 //    rows at a constant offset (tap_row_offset), and the four taps of a parity accumulate in
-//    the GEMM (beta = 1). A scatter kernel then places the parity plane;
+//    the GEMM (beta = 1). The GEMMs run over bands of input rows (deconv_band_rows), and a
+//    scatter kernel places each band of the parity plane;
 //  - InstanceNorm + SiLU is never a separate pass over a map: the statistics are reduced once
 //    per map (fp32 per chunk, fp64 across chunks), and normalise + SiLU is applied where the next
 //    layer reads the map (into the next deconvolution's zero-bordered input, or in place before
@@ -79,9 +80,18 @@ at::Tensor head_forward_reference(const HeadWeights& w, const at::Tensor& feat, 
                                   std::int64_t gw);
 
 // The sub-pixel transposed convolution on ATen ops, with the same tap table, offsets and
-// zero-bordered layout as head_forward (so a CPU test can check that index arithmetic against
-// at::conv_transpose2d): x [H, W, Cin] channels-last, taps [4, 4, Cout, Cin] -> [2H, 2W, Cout].
-at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps);
+// zero-bordered layout and bands of input rows as head_forward (so a CPU test can check that
+// index arithmetic against at::conv_transpose2d): x [H, W, Cin] channels-last, taps
+// [4, 4, Cout, Cin] -> [2H, 2W, Cout]; band_rows 0 means deconv_band_rows(W).
+at::Tensor subpixel_deconv_reference(const at::Tensor& x, const at::Tensor& taps,
+                                     std::int64_t band_rows = 0);
+
+// Input rows per band of the parity GEMMs: about 16384 GEMM rows, so the parity plane is a
+// bounded scratch (~25 MB for 768 channels in 16 bits) instead of a quarter of the output map.
+constexpr std::int64_t deconv_band_rows(std::int64_t W) {
+  const std::int64_t rows = 16384 / (W + 2);
+  return rows > 0 ? rows : 1;
+}
 
 // labels [H, W] (uint8, CUDA) = argmax over the first `classes` channels of the bilinear
 // (align_corners=False) resize of logits [h, w, ld] (channels-last, CUDA, any float dtype).

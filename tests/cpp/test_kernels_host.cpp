@@ -327,20 +327,26 @@ TEST(UnitKernelsPatchEmbed, PatchMatrixTimesWeightIsTheConvolution) {
 }
 
 // The head's transposed convolutions as four parity GEMMs over the zero-bordered input, with
-// the tap table and row offsets head_forward uses, against ConvTranspose2d(k4, s2, p1).
+// the tap table, row offsets and bands of input rows head_forward uses (the last band shorter
+// when the bands do not divide the rows), against ConvTranspose2d(k4, s2, p1).
 TEST(UnitKernelsHead, SubpixelDeconvolutionMatchesConvTranspose) {
   at::manual_seed(5);
-  for (auto [H, W] : {std::pair<int64_t, int64_t>{4, 3}, {3, 5}, {1, 1}, {8, 6}}) {
+  for (auto [H, W] : {std::pair<int64_t, int64_t>{4, 3}, {3, 5}, {1, 1}, {8, 6}, {7, 4}}) {
     const int64_t Cin = 6, Cout = 5;
     const at::Tensor x = at::randn({1, Cin, H, W}, at::kDouble);
     const at::Tensor w = at::randn({Cin, Cout, 4, 4}, at::kDouble);
     const at::Tensor ref = at::conv_transpose2d(x, w, {}, /*stride=*/2, /*padding=*/1);
     const at::Tensor taps = w.permute({2, 3, 1, 0}).contiguous();  // as prepare_head lays it out
-    const at::Tensor got =
-        seg_up::subpixel_deconv_reference(x[0].permute({1, 2, 0}).contiguous(), taps);
-    ASSERT_EQ(got.sizes(), (at::IntArrayRef{2 * H, 2 * W, Cout}));
-    EXPECT_LT(max_diff(got.permute({2, 0, 1}), ref[0]), 1e-10) << H << "x" << W;
+    for (const int64_t band : {0, 1, 2, 3}) {
+      const at::Tensor got =
+          seg_up::subpixel_deconv_reference(x[0].permute({1, 2, 0}).contiguous(), taps, band);
+      ASSERT_EQ(got.sizes(), (at::IntArrayRef{2 * H, 2 * W, Cout}));
+      EXPECT_LT(max_diff(got.permute({2, 0, 1}), ref[0]), 1e-10)
+          << H << "x" << W << " band " << band;
+    }
   }
+  EXPECT_EQ(seg_up::deconv_band_rows(192), 84);  // 84 * 194 rows of 768 halves: 25 MB
+  EXPECT_EQ(seg_up::deconv_band_rows(20000), 1);
 }
 
 TEST(UnitKernelsHead, PrepareHeadLayouts) {
