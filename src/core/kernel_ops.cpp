@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
+#include "layout.hpp"
+#include "sapiens_seg/error.hpp"
 #include "v2/sapiens2.hpp"
 
 namespace sapiens_seg::core {
@@ -81,6 +85,15 @@ class AtenOps final : public KernelOps {
 
 std::unique_ptr<KernelOps> aten_kernel_ops() {
   return std::make_unique<AtenOps>();
+}
+
+void check_network_input(const at::Tensor& x, std::int64_t input_h, std::int64_t input_w) {
+  if (x.dim() != 4 || x.size(0) < 1 || x.size(1) != 3 || x.size(2) != input_h ||
+      x.size(3) != input_w) {
+    throw Error(ErrorCode::kInvalidInput, "network input must be [B,3," + std::to_string(input_h) +
+                                              "," + std::to_string(input_w) + "], got " +
+                                              shape_str(x.sizes()));
+  }
 }
 
 }  // namespace sapiens_seg::core

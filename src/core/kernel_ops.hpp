@@ -52,4 +52,8 @@ class KernelOps {
 // Every step on ATen ops (any device, any float dtype).
 std::unique_ptr<KernelOps> aten_kernel_ops();
 
+// Throws Error(kInvalidInput) unless x is [B, 3, input_h, input_w] with B >= 1: the schedules'
+// one check of their input.
+void check_network_input(const at::Tensor& x, std::int64_t input_h, std::int64_t input_w);
+
 }  // namespace sapiens_seg::core

@@ -8,7 +8,6 @@
 
 #include "kernels/cudnn_hacc/attention.hpp"
 #include "kernels/fastbb/fastbb.hpp"
-#include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v1::kernels_schedule {
 namespace {
@@ -79,11 +78,7 @@ Weights prepare(const TensorMap& t, const Config& c, c10::Device device, at::Sca
 }
 
 at::Tensor forward(const Weights& w, const Config& c, KernelOps& ops, const at::Tensor& x) {
-  if (x.dim() != 4 || x.size(1) != 3 || x.size(2) != c.input_h || x.size(3) != c.input_w) {
-    throw Error(ErrorCode::kInvalidInput, "network input must be [B,3," +
-                                              std::to_string(c.input_h) + "," +
-                                              std::to_string(c.input_w) + "]");
-  }
+  check_network_input(x, c.input_h, c.input_w);
   c10::InferenceMode guard;
   const auto opts = w.patch_w.options();
   const std::int64_t B = x.size(0), C = c.embed_dim, H = c.heads, hdp = w.padded_head_dim;
