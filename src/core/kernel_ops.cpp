@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "layout.hpp"
 #include "sapiens_seg/error.hpp"
@@ -85,6 +86,22 @@ class AtenOps final : public KernelOps {
 
 std::unique_ptr<KernelOps> aten_kernel_ops() {
   return std::make_unique<AtenOps>();
+}
+
+kernels::seg_up::HeadWeights prepare_head_weights(const TensorMap& t, std::size_t deconvs,
+                                                  std::size_t convs, c10::Device device,
+                                                  at::ScalarType dtype) {
+  std::vector<at::Tensor> deconv, conv_w, conv_b;
+  for (std::size_t s = 0; s < deconvs; ++s) {
+    deconv.push_back(t.at("decode_head.deconv_layers." + std::to_string(3 * s) + ".weight"));
+  }
+  for (std::size_t s = 0; s < convs; ++s) {
+    const std::string p = "decode_head.conv_layers." + std::to_string(3 * s);
+    conv_w.push_back(t.at(p + ".weight"));
+    conv_b.push_back(t.at(p + ".bias"));
+  }
+  return kernels::seg_up::prepare_head(deconv, conv_w, conv_b, t.at("decode_head.conv_seg.weight"),
+                                       t.at("decode_head.conv_seg.bias"), device, dtype);
 }
 
 void check_network_input(const at::Tensor& x, std::int64_t input_h, std::int64_t input_w) {

@@ -7,11 +7,13 @@
 // Compiled into kernels builds only (it names the kernels' types).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include <ATen/Tensor.h>
 
+#include "checkpoint.hpp"
 #include "kernels/fastbb/fastbb.hpp"
 #include "kernels/seg_up/head.hpp"
 
@@ -51,6 +53,12 @@ class KernelOps {
 
 // Every step on ATen ops (any device, any float dtype).
 std::unique_ptr<KernelOps> aten_kernel_ops();
+
+// The decode head's weights by the names both families use (`decode_head.deconv_layers.{3s}`,
+// `decode_head.conv_layers.{3s}`, `decode_head.conv_seg`), in seg_up's layout on `device`.
+kernels::seg_up::HeadWeights prepare_head_weights(const TensorMap& tensors, std::size_t deconvs,
+                                                  std::size_t convs, c10::Device device,
+                                                  at::ScalarType dtype);
 
 // Throws Error(kInvalidInput) unless x is [B, 3, input_h, input_w] with B >= 1: the schedules'
 // one check of their input.

@@ -64,16 +64,7 @@ Weights prepare(const TensorMap& t, const Config& c, c10::Device device, at::Sca
   w.ln_w = get("backbone.ln1.weight");
   w.ln_b = get("backbone.ln1.bias");
 
-  std::vector<at::Tensor> deconv, conv_w, conv_b;
-  for (int s = 0; s < 3; ++s) {
-    const std::string i = std::to_string(3 * s);
-    deconv.push_back(t.at("decode_head.deconv_layers." + i + ".weight"));
-    conv_w.push_back(t.at("decode_head.conv_layers." + i + ".weight"));
-    conv_b.push_back(t.at("decode_head.conv_layers." + i + ".bias"));
-  }
-  w.head =
-      kernels::seg_up::prepare_head(deconv, conv_w, conv_b, t.at("decode_head.conv_seg.weight"),
-                                    t.at("decode_head.conv_seg.bias"), device, dtype);
+  w.head = prepare_head_weights(t, /*deconvs=*/3, /*convs=*/3, device, dtype);
   return w;
 }
 

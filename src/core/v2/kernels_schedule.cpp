@@ -15,7 +15,6 @@ namespace sapiens_seg::core::v2::kernels_schedule {
 namespace {
 
 namespace cudnn_hacc = kernels::cudnn_hacc;
-namespace seg_up = kernels::seg_up;
 
 constexpr double kRmsNormEps = 1e-6;  // every RMSNorm of the Sapiens2 backbone
 constexpr auto kNone = kernels::fastbb::Activation::kNone;
@@ -72,17 +71,7 @@ Weights prepare(const TensorMap& t, const Config& c, c10::Device device, at::Sca
   }
   w.ln_w = put(f32("backbone.ln1.weight"));
 
-  std::vector<at::Tensor> deconv, conv_w, conv_b;
-  for (std::size_t s = 0; s < c.deconv_channels.size(); ++s) {
-    deconv.push_back(t.at("decode_head.deconv_layers." + std::to_string(3 * s) + ".weight"));
-  }
-  for (std::size_t s = 0; s < c.conv_channels.size(); ++s) {
-    const std::string p = "decode_head.conv_layers." + std::to_string(3 * s);
-    conv_w.push_back(t.at(p + ".weight"));
-    conv_b.push_back(t.at(p + ".bias"));
-  }
-  w.head = seg_up::prepare_head(deconv, conv_w, conv_b, t.at("decode_head.conv_seg.weight"),
-                                t.at("decode_head.conv_seg.bias"), device, dtype);
+  w.head = prepare_head_weights(t, c.deconv_channels.size(), c.conv_channels.size(), device, dtype);
   return w;
 }
 
