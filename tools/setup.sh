@@ -16,7 +16,7 @@ TORCH_VERSION=2.15.0
 PY_REQS=(
   "torch==${TORCH_VERSION}"
   "numpy==2.3.5"
-  "opencv-python-headless==4.10.0.84" # the reference pipeline uses cv2 as the authors' demo does
+  "opencv-python-headless==5.0.0.93" # the reference pipeline: the cv2 release users of the authors' demos install today (resize bytes)
   "pytest==8.4.2"
   "jsonschema==4.26.0"         # validates the CLI's --json lines in the tests
   "pybind11==3.1.0"           # the Python binding (python/), found by CMake through this venv
