@@ -121,6 +121,14 @@ struct Image {
 SAPIENS_SEG_API Image read_image(const std::string& path);
 SAPIENS_SEG_API Image read_image(const std::vector<std::uint8_t>& encoded);
 
+// cv2.resize(image, (width, height), interpolation=...) of the opencv-python wheel, byte for
+// byte, computed by the library's own arithmetic (no OpenCV call: the bytes do not depend on the
+// OpenCV installed). This is the resize segment() applies before the network. Throws
+// Error(kInvalidInput) for an empty size, Error(kBackendUnavailable) for a device that cannot
+// run.
+SAPIENS_SEG_API Image resize(ImageView image, int height, int width,
+                             const ResizeOptions& options = {});
+
 // The authors' visualisation: palette colours blended over the image at `opacity`
 // (out = image * (1 - opacity) + colour * opacity, truncated to 8 bits). `image` must have the
 // result's size.

@@ -27,16 +27,27 @@ enum class DType {
 // checkpoints were trained with. The difference is below 0.25 on the 0-255 scale.
 enum class Normalization { kDemo, kTraining };
 
-// Where the work around the network runs. On the host: OpenCV resizes the decoded image, the
+// Where the work around the network runs. On the host: the decoded image is resized to the
+// network input (the authors' cv2.resize, reproduced by the library's own arithmetic), the
 // normalised float image is handed to the network, and its logits come back as float32 for the
 // upsample + argmax (the authors' demo pipeline). On the device: the decoded image is uploaded
 // as uint8 (through pinned staging on CUDA), resized and normalised where the network runs (the
-// same bytes: OpenCV's fixed-point bilinear arithmetic on tensor ops), and only the uint8 label
-// map comes back. Sapiens2's area/cubic resize always runs on the host (OpenCV's filters).
+// same arithmetic on tensor ops, so the same bytes), and only the uint8 label map comes back.
 enum class Pipeline {
   kAuto,  // device for CUDA models, host for CPU ones
   kHost,
   kDevice,  // also valid on the CPU, where it runs the same tensor code as on CUDA
+};
+
+// Whose INTER_CUBIC bytes the Sapiens2 resize reproduces when it enlarges an image (INTER_LINEAR
+// and INTER_AREA are the same in every OpenCV build; cubic is not).
+enum class CubicResize {
+  // The x86-64 opencv-python wheel (5.0.0.93) as the authors' users run it: its default cubic
+  // is Intel IPP's, for this CPU's IPP code path.
+  kWheel,
+  // OpenCV's own cubic: what the wheel computes with cv2.setUseOptimized(False), and what
+  // builds without IPP compute (Debian's OpenCV, for instance).
+  kOpenCV,
 };
 
 struct LoadOptions {
@@ -54,6 +65,7 @@ struct LoadOptions {
   int input_height = 0;
   int input_width = 0;
   Pipeline pipeline = Pipeline::kAuto;
+  CubicResize cubic = CubicResize::kWheel;
   // On CUDA, capture the network as a CUDA graph for each batch shape (up to this many per
   // model, most recent kept) and replay it: far fewer kernel launches. Each graph keeps its
   // activations' memory reserved. 0 runs every call eagerly.
@@ -62,6 +74,21 @@ struct LoadOptions {
   int threads = 0;
   // Downloads of missing weights (see weights.hpp): progress callback and HF_TOKEN opt-in.
   FetchOptions fetch;
+};
+
+// cv2.resize's interpolations for 8-bit images, as the authors' demos call them.
+enum class Interpolation {
+  kLinear,  // INTER_LINEAR (Sapiens v1)
+  kArea,    // INTER_AREA (Sapiens2, when the width shrinks)
+  kCubic,   // INTER_CUBIC (Sapiens2, otherwise)
+};
+
+struct ResizeOptions {
+  Interpolation interpolation = Interpolation::kLinear;
+  CubicResize cubic = CubicResize::kWheel;
+  // "" runs the host code; "cpu", "cuda" or "cuda:N" run the device pipeline's tensor code there
+  // (the same bytes; the CPU one is how the device code is checked without a GPU).
+  std::string device;
 };
 
 struct SegmentOptions {

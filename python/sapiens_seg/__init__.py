@@ -36,7 +36,7 @@ from .errors import (
 )
 from . import _core
 from . import segmentation
-from .segmentation import Backend, Model, ModelInfo, Result, load, read_image
+from .segmentation import Backend, Model, ModelInfo, Result, load, read_image, resize
 
 __version__: str = _core.version()
 
@@ -45,6 +45,7 @@ __all__ = [
     "segmentation",
     "load",
     "read_image",
+    "resize",
     "list_cards",
     "system_info",
     "Backend",

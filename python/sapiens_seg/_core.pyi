@@ -56,7 +56,16 @@ def load(
     input_height: int,
     input_width: int,
     pipeline: str = ...,
+    cubic: str = ...,
 ) -> Model: ...
 def list_cards() -> list[dict[str, Any]]: ...
 def system_info() -> dict[str, Any]: ...
 def read_image(item: Item) -> npt.NDArray[np.uint8]: ...
+def resize(
+    image: npt.NDArray[np.uint8],
+    height: int,
+    width: int,
+    interpolation: str,
+    cubic: str,
+    device: str,
+) -> npt.NDArray[np.uint8]: ...

@@ -48,12 +48,14 @@ from .errors import InvalidInputError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Backend", "Model", "ModelInfo", "Result", "load", "read_image"]
+__all__ = ["Backend", "Model", "ModelInfo", "Result", "load", "read_image", "resize"]
 
 _MODES = ("auto", "portable", "kernels", "original")
 _DTYPES = ("float32", "float16", "bfloat16")
 _NORMALIZATIONS = ("demo", "training")
 _PIPELINES = ("auto", "host", "device")
+_INTERPOLATIONS = ("linear", "area", "cubic")
+_CUBICS = ("wheel", "opencv")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -269,7 +271,8 @@ class Model:
 def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any = None,
          dtype: Any = None, logits: bool = False, *, normalization: str = "demo",
          accept_noncommercial: bool = False, allow_unverified: bool = False, threads: int = 0,
-         input_size: tuple[int, int] | None = None, pipeline: str = "auto") -> Model:
+         input_size: tuple[int, int] | None = None, pipeline: str = "auto",
+         cubic: str = "wheel") -> Model:
     """Loads a Sapiens segmentation model.
 
     Args:
@@ -301,6 +304,11 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
             demo), ``"device"`` (the image is uploaded as uint8, resized, normalised, upsampled
             and reduced to labels where the network runs; the resize reproduces OpenCV's bytes)
             or ``"auto"`` (device on CUDA, host on the CPU).
+        cubic: whose ``INTER_CUBIC`` bytes the Sapiens2 resize reproduces when it enlarges an
+            image: ``"wheel"`` (the x86-64 opencv-python wheel with its defaults, i.e. Intel
+            IPP's cubic, as the authors' users run it) or ``"opencv"`` (OpenCV's own code:
+            ``cv2.setUseOptimized(False)``, or an OpenCV built without IPP such as Debian's).
+            See :func:`resize`.
 
     Returns:
         A :class:`Model`; the GIL is released while it loads.
@@ -335,6 +343,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
     allow_unverified = _check_bool(allow_unverified, "allow_unverified")
     threads = _check_int(threads, "threads", minimum=0)
     pipeline = _check_choice(pipeline, "pipeline", _PIPELINES)
+    cubic = _check_choice(cubic, "cubic", _CUBICS)
     in_h = in_w = 0
     if input_size is not None:
         if not isinstance(input_size, (tuple, list)) or len(input_size) != 2:
@@ -342,7 +351,8 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
         in_h = _check_int(input_size[0], "input_size", minimum=1)
         in_w = _check_int(input_size[1], "input_size", minimum=1)
     native = _core.load(os.fsencode(name_or_path), mode, device_s, dtype_s, normalization,
-                        accept_noncommercial, allow_unverified, threads, in_h, in_w, pipeline)
+                        accept_noncommercial, allow_unverified, threads, in_h, in_w, pipeline,
+                        cubic)
     return Model(native, logits)
 
 
@@ -359,6 +369,39 @@ def read_image(x: str | os.PathLike[str] | bytes | bytearray | memoryview) -> np
     if item[0] == _core.ITEM_RGB:
         raise TypeError("x: expected a path or encoded bytes")
     return _core.read_image(item)
+
+
+def resize(image: np.ndarray, size: tuple[int, int], interpolation: str = "linear", *,
+           cubic: str = "wheel", device: Any = None) -> np.ndarray:
+    """``cv2.resize(image, (width, height), interpolation=...)`` of the opencv-python wheel, byte
+    for byte, by the library's own arithmetic (no OpenCV call, so the bytes do not depend on the
+    OpenCV installed): the resize the models apply before the network.
+
+    Args:
+        image: numpy ``HxWx3`` uint8 (RGB or BGR: the channels are resized alike; any strides).
+        size: the output ``(height, width)`` (note: cv2 takes ``(width, height)``).
+        interpolation: ``"linear"`` (``cv2.INTER_LINEAR``), ``"area"`` (``cv2.INTER_AREA``) or
+            ``"cubic"`` (``cv2.INTER_CUBIC``).
+        cubic: ``"wheel"`` (the x86-64 wheel's default cubic, Intel IPP's) or ``"opencv"``
+            (OpenCV's own, as ``cv2.setUseOptimized(False)`` or a build without IPP gives).
+        device: ``None`` runs the host code; ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a
+            ``torch.device``) run the device pipeline's tensor code there (the same bytes).
+
+    Example::
+
+        small = segmentation.resize(rgb, (1024, 768), "area")
+        assert (small == cv2.resize(rgb, (768, 1024), interpolation=cv2.INTER_AREA)).all()
+    """
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"image: expected a numpy HxWx3 uint8 array, got {type(image).__name__}")
+    a = _rgb_array(image, "image")
+    if not isinstance(size, (tuple, list)) or len(size) != 2:
+        raise TypeError("size: expected a (height, width) pair")
+    h = _check_int(size[0], "size", minimum=1)
+    w = _check_int(size[1], "size", minimum=1)
+    interpolation = _check_choice(interpolation, "interpolation", _INTERPOLATIONS)
+    cubic = _check_choice(cubic, "cubic", _CUBICS)
+    return _core.resize(a, h, w, interpolation, cubic, _device_arg(device))
 
 
 # ---- argument checking --------------------------------------------------------------------

@@ -232,7 +232,7 @@ ss::Pipeline parse_pipeline(const std::string& s) {
 ss::Model load(const py::bytes& name, const std::string& mode, const std::string& device,
                const std::string& dtype, const std::string& normalization,
                bool accept_noncommercial, bool allow_unverified, int threads, int input_height,
-               int input_width, const std::string& pipeline) {
+               int input_width, const std::string& pipeline, const std::string& cubic) {
   ss::LoadOptions opt;
   opt.mode = parse_mode(mode);
   opt.device = device;
@@ -244,6 +244,8 @@ ss::Model load(const py::bytes& name, const std::string& mode, const std::string
   opt.input_height = input_height;
   opt.input_width = input_width;
   opt.pipeline = parse_pipeline(pipeline);
+  if (cubic != "wheel" && cubic != "opencv") throw py::value_error("cubic: 'wheel' or 'opencv'");
+  opt.cubic = cubic == "opencv" ? ss::CubicResize::kOpenCV : ss::CubicResize::kWheel;
   const std::string id = path_arg(name, "name_or_path");
   py::gil_scoped_release nogil;
   return ss::load(id, opt);
@@ -378,6 +380,35 @@ py::array read_image(const py::tuple& item) {
   return image_array(std::move(image));
 }
 
+py::array resize(const py::array& image, int height, int width, const std::string& interpolation,
+                 const std::string& cubic, const std::string& device) {
+  const ss::ImageView view = rgb_view(image, "image");
+  ss::ResizeOptions opt;
+  if (interpolation == "linear") {
+    opt.interpolation = ss::Interpolation::kLinear;
+  } else if (interpolation == "area") {
+    opt.interpolation = ss::Interpolation::kArea;
+  } else if (interpolation == "cubic") {
+    opt.interpolation = ss::Interpolation::kCubic;
+  } else {
+    throw py::value_error("interpolation: expected 'linear', 'area' or 'cubic'");
+  }
+  if (cubic == "wheel") {
+    opt.cubic = ss::CubicResize::kWheel;
+  } else if (cubic == "opencv") {
+    opt.cubic = ss::CubicResize::kOpenCV;
+  } else {
+    throw py::value_error("cubic: expected 'wheel' or 'opencv'");
+  }
+  opt.device = device;
+  ss::Image out;
+  {
+    py::gil_scoped_release nogil;
+    out = ss::resize(view, height, width, opt);
+  }
+  return image_array(std::move(out));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -469,12 +500,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("load", &load, py::arg("name_or_path"), py::arg("mode"), py::arg("device"),
         py::arg("dtype"), py::arg("normalization"), py::arg("accept_noncommercial"),
         py::arg("allow_unverified"), py::arg("threads"), py::arg("input_height"),
-        py::arg("input_width"), py::arg("pipeline") = "auto",
+        py::arg("input_width"), py::arg("pipeline") = "auto", py::arg("cubic") = "wheel",
         "Loads a model; the GIL is released while it loads.");
   m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
   m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
   m.def("read_image", &read_image, py::arg("item"),
         "Decodes a (kind, payload) file or bytes item to HxWx3 uint8 RGB as the library does.");
+  m.def("resize", &resize, py::arg("image"), py::arg("height"), py::arg("width"),
+        py::arg("interpolation"), py::arg("cubic"), py::arg("device"),
+        "cv2.resize of an HxWx3 uint8 array by the library's own arithmetic; the GIL is released.");
   m.attr("ITEM_FILE") = kItemFile;
   m.attr("ITEM_ENCODED") = kItemEncoded;
   m.attr("ITEM_RGB") = kItemRgb;

@@ -16,6 +16,7 @@
 
 #include "../core/backends.hpp"
 #include "../core/checkpoint.hpp"
+#include "../core/resize/resize.hpp"
 #include "../core/safetensors.hpp"
 #include "../core/tensor_ops.hpp"
 #include "../core/v1/vit_seg.hpp"
@@ -101,7 +102,8 @@ struct Model::Impl {
   std::array<float, 3> mean{}, std{};
   int input_h = 0, input_w = 0;
   std::string resize = "linear";  // or "area_or_cubic" (see Card::resize)
-  bool device_pipeline = false;   // see Pipeline in options.hpp
+  core::CubicFlavor cubic = core::CubicFlavor::kWheel;
+  bool device_pipeline = false;  // see Pipeline in options.hpp
   std::unique_ptr<core::Runner> runner;
 };
 
@@ -320,6 +322,8 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   impl->input_h = static_cast<int>(cfg.input_h);
   impl->input_w = static_cast<int>(cfg.input_w);
   impl->resize = card ? card->resize : (family == "sapiens2" ? "area_or_cubic" : "linear");
+  impl->cubic =
+      opt.cubic == CubicResize::kOpenCV ? core::CubicFlavor::kOpenCV : core::CubicFlavor::kWheel;
   if (opt.cuda_graphs > 0) {
     impl->runner =
         core::with_cuda_graphs(std::move(impl->runner), static_cast<std::size_t>(opt.cuda_graphs));
@@ -453,18 +457,18 @@ std::vector<Result> Model::segment(std::span<const Input> batch,
     results[i].height = rgb.rows;
     results[i].width = rgb.cols;
     t0 = Clock::now();
+    const core::Interp interp = m.resize == "area_or_cubic"
+                                    ? core::sapiens2_interp(rgb.cols, m.input_w)
+                                    : core::Interp::kLinear;
     if (!on_device) {
-      const cv::Mat resized = m.resize == "area_or_cubic"
-                                  ? io::resize_area_or_cubic(rgb, m.input_h, m.input_w)
-                                  : io::resize_linear(rgb, m.input_h, m.input_w);
+      cv::Mat resized(m.input_h, m.input_w, CV_8UC3);
+      core::resize_u8({rgb.data, rgb.rows, rgb.cols, 3, rgb.step},
+                      {resized.data, resized.rows, resized.cols, 3, resized.step}, interp, m.cubic);
       inputs.push_back(core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step,
                                            m.mean, m.std));
     } else {
-      // Sapiens2's area/cubic filters have no device counterpart here: OpenCV resizes, the
-      // device normalises.
-      if (m.resize == "area_or_cubic") rgb = io::resize_area_or_cubic(rgb, m.input_h, m.input_w);
-      inputs.push_back(
-          core::resize_normalize(upload(rgb, device), m.input_h, m.input_w, m.mean, m.std));
+      inputs.push_back(core::resize_normalize(upload(rgb, device), m.input_h, m.input_w, m.mean,
+                                              m.std, interp, m.cubic));
     }
     // On a GPU this is the time to queue the work; the device time shows in `network`.
     results[i].timings.preprocess = ms_since(t0);

@@ -139,70 +139,19 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
   });
 }
 
-namespace {
-
-// One axis of OpenCV's INTER_LINEAR on 8-bit images: per output coordinate the two source indices
-// and their 11-bit fixed-point weights. The source coordinate and its fraction are float32; the
-// horizontal axis clamps at both borders (fraction 0 there), the vertical one does not: rows
-// outside the image are clamped, but their weight is kept (OpenCV's own asymmetry, which
-// matters in the first and last few rows of an upscale).
-// A small tensor built on the host, moved to `device`; on a GPU through pinned memory and without
-// a host wait, so the stream keeps running while the next image is decoded.
 at::Tensor to_device(const at::Tensor& host, const c10::Device& device) {
   if (device.is_cpu()) return host;
   return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
-struct FixedTaps {
-  at::Tensor i0, i1;  // int64 [out]
-  at::Tensor a0, a1;  // int32 [out], weights scaled by 2048
-};
-
-FixedTaps fixed_taps(int64_t in, int64_t out, bool clamp_fraction, const c10::Device& device) {
-  at::Tensor i = at::empty({2, out}, at::kLong), a = at::empty({2, out}, at::kInt);
-  auto ia = i.accessor<int64_t, 2>();
-  auto aa = a.accessor<int32_t, 2>();
-  const double scale = 1.0 / (static_cast<double>(out) / static_cast<double>(in));
-  for (int64_t d = 0; d < out; ++d) {
-    auto f = static_cast<float>((static_cast<double>(d) + 0.5) * scale - 0.5);
-    auto s = static_cast<int64_t>(std::floor(f));
-    f -= static_cast<float>(s);
-    if (clamp_fraction && s < 0) f = 0.0f, s = 0;
-    if (clamp_fraction && s >= in - 1) f = 0.0f, s = in - 1;
-    ia[0][d] = std::clamp<int64_t>(s, 0, in - 1);
-    ia[1][d] = std::clamp<int64_t>(s + 1, 0, in - 1);
-    aa[0][d] = static_cast<int32_t>(std::nearbyint((1.0f - f) * 2048.0f));
-    aa[1][d] = static_cast<int32_t>(std::nearbyint(f * 2048.0f));
-  }
-  const at::Tensor id = to_device(i, device), ad = to_device(a, device);
-  return {id[0], id[1], ad[0], ad[1]};
-}
-
-}  // namespace
-
 at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,
-                            const std::array<float, 3>& mean, const std::array<float, 3>& std) {
+                            const std::array<float, 3>& mean, const std::array<float, 3>& std,
+                            Interp interp, CubicFlavor flavor) {
   if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || H < 1 || W < 1) {
     throw Error(ErrorCode::kInternal, "resize_normalize needs a uint8 [h, w, 3] image");
   }
-  const int64_t h = rgb.size(0), w = rgb.size(1);
   const c10::Device dev = rgb.device();
-  at::Tensor img = rgb;  // [H, W, 3] uint8 values, after the resize
-  if (h != H || w != W) {
-    // Horizontal pass: columns gathered as uint8 (a 12 MP image is never widened), then blended
-    // in int32 with the weights scaled by 2048.
-    const FixedTaps x = fixed_taps(w, W, /*clamp_fraction=*/true, dev);
-    const at::Tensor rows = rgb.index_select(1, x.i0).to(at::kInt) * x.a0.view({1, W, 1}) +
-                            rgb.index_select(1, x.i1).to(at::kInt) * x.a1.view({1, W, 1});
-    // Vertical pass, in OpenCV's rounding: each row term drops 4 bits, is scaled by its weight
-    // and drops 16 more; the sum is rounded by the last 2 bits.
-    const FixedTaps y = fixed_taps(h, H, /*clamp_fraction=*/false, dev);
-    const at::Tensor r0 = at::bitwise_right_shift(rows.index_select(0, y.i0), 4);
-    const at::Tensor r1 = at::bitwise_right_shift(rows.index_select(0, y.i1), 4);
-    at::Tensor v = at::bitwise_right_shift(r0 * y.a0.view({H, 1, 1}), 16) +
-                   at::bitwise_right_shift(r1 * y.a1.view({H, 1, 1}), 16);
-    img = at::bitwise_right_shift(v.add_(2), 2).clamp_(0, 255);
-  }
+  const at::Tensor img = resize_tensor(rgb, H, W, interp, flavor);  // [H, W, 3] uint8
   // As normalize_rgb: tensor operands, so the division is a true division (ATen turns division
   // by a scalar into multiplication by its reciprocal, which rounds differently).
   const at::Tensor x = img.permute({2, 0, 1}).to(at::kFloat);

@@ -7,6 +7,8 @@
 
 #include <ATen/Tensor.h>
 
+#include "resize/resize.hpp"
+
 namespace sapiens_seg::core {
 
 // uint8 RGB HWC (rows `stride` bytes apart) -> float32 [3, h, w], (x - mean) / std per channel,
@@ -24,13 +26,19 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
 
 // ---- the same steps as tensor code that runs where the tensors live (the device pipeline) ----
 
-// uint8 RGB [h, w, 3] (any device, any strides) -> float32 [3, H, W] on the same device: OpenCV's
-// INTER_LINEAR resize of 8-bit images reproduced in its own fixed-point arithmetic (11-bit
-// weights, its border rules and its rounding), so the resized image equals cv::resize's byte for
-// byte, then (x - mean) / std exactly as normalize_rgb computes it. h == H and w == W skips the
-// resize, as OpenCV does.
+// A small table built on the host, moved to `device`: on a GPU through pinned memory and without
+// a host wait, so the stream keeps running while the next image is decoded. The CPU gets `host`.
+at::Tensor to_device(const at::Tensor& host, const c10::Device& device);
+
+// uint8 RGB [h, w, 3] (any device, any strides) -> float32 [3, H, W] on the same device: the
+// authors' cv2.resize with `interp`, reproduced in OpenCV's own arithmetic on tensor ops
+// (resize/resize.hpp: the same bytes as resize_u8 and the opencv-python wheel), then
+// (x - mean) / std exactly as normalize_rgb computes it. h == H and w == W skips the resize, as
+// OpenCV does.
 at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,
-                            const std::array<float, 3>& mean, const std::array<float, 3>& std);
+                            const std::array<float, 3>& mean, const std::array<float, 3>& std,
+                            Interp interp = Interp::kLinear,
+                            CubicFlavor flavor = CubicFlavor::kWheel);
 
 // Labels [H, W] (uint8, on the logits' device) of logits [K, h, w] (any float dtype, any
 // layout): the argmax of upsample_argmax's blend, the same products and sums in float32 (so the

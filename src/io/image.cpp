@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
+#include <opencv2/imgproc.hpp>  // cvtColor
 
 #include "sapiens_seg/error.hpp"
 
@@ -45,11 +45,11 @@ bool jpeg_truncated(const std::vector<std::uint8_t>& b) {
 
 }  // namespace
 
-void check_size(int height, int width, const std::string& what) {
-  if (height < kMinSide || width < kMinSide) {
+void check_size(int height, int width, const std::string& what, int min_side) {
+  if (height < min_side || width < min_side) {
     throw Error(ErrorCode::kInvalidInput,
                 what + " is " + std::to_string(width) + "x" + std::to_string(height) +
-                    " (WxH); both sides must be at least " + std::to_string(kMinSide) + " pixels");
+                    " (WxH); both sides must be at least " + std::to_string(min_side) + " pixels");
   }
   if (static_cast<std::int64_t>(height) * width > kMaxPixels) {
     throw Error(ErrorCode::kInvalidInput, what + " is " + std::to_string(width) + "x" +
@@ -112,9 +112,9 @@ cv::Mat decode_file(const std::string& path) {
   return decode_bytes(read_all(path), path);
 }
 
-cv::Mat wrap_view(const ImageView& v, const std::string& what) {
+cv::Mat wrap_view(const ImageView& v, const std::string& what, int min_side) {
   if (v.data == nullptr) throw Error(ErrorCode::kInvalidInput, what + ": null pixel pointer");
-  check_size(v.height, v.width, what);
+  check_size(v.height, v.width, what, min_side);
   const std::size_t stride = v.stride ? v.stride : static_cast<std::size_t>(v.width) * 3;
   if (stride < static_cast<std::size_t>(v.width) * 3) {
     throw Error(ErrorCode::kInvalidInput, what + ": stride is smaller than width * 3");
@@ -132,19 +132,6 @@ cv::Mat load_input(const Input& input, const std::string& what) {
       return wrap_view(input.view(), what);
   }
   throw Error(ErrorCode::kInternal, "unknown input kind");
-}
-
-cv::Mat resize_linear(const cv::Mat& rgb, int height, int width) {
-  cv::Mat out;
-  cv::resize(rgb, out, cv::Size(width, height), 0, 0, cv::INTER_LINEAR);
-  return out;
-}
-
-cv::Mat resize_area_or_cubic(const cv::Mat& rgb, int height, int width) {
-  cv::Mat out;
-  const int flag = width < rgb.cols ? cv::INTER_AREA : cv::INTER_CUBIC;
-  cv::resize(rgb, out, cv::Size(width, height), 0, 0, flag);
-  return out;
 }
 
 }  // namespace sapiens_seg::io

@@ -1,4 +1,5 @@
-// Image decoding and resizing (OpenCV). Images travel as 8-bit RGB cv::Mat inside the library.
+// Image decoding (OpenCV; the resizes are the library's own: core/resize/). Images travel as 8-bit
+// RGB cv::Mat inside the library.
 #pragma once
 
 #include <cstdint>
@@ -21,17 +22,11 @@ cv::Mat decode_file(const std::string& path);
 cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what);
 // Any 8/16-bit grey, BGR or BGRA cv::Mat to RGB8 by the same rules.
 cv::Mat to_rgb8(const cv::Mat& bgr_like, const std::string& what);
-// Wraps an RGB view without copying.
-cv::Mat wrap_view(const ImageView& view, const std::string& what);
+// Wraps an RGB view without copying (both sides at least `min_side`).
+cv::Mat wrap_view(const ImageView& view, const std::string& what, int min_side = kMinSide);
 // Any input kind to an RGB8 image.
 cv::Mat load_input(const Input& input, const std::string& what);
 
-void check_size(int height, int width, const std::string& what);
-
-// cv2.resize(..., INTER_LINEAR), as the authors' demo resizes to the network input.
-cv::Mat resize_linear(const cv::Mat& rgb, int height, int width);
-// The Sapiens2 demo's rule: cv2.INTER_AREA when the width shrinks, else cv2.INTER_CUBIC (one flag
-// for both axes, decided by the width alone).
-cv::Mat resize_area_or_cubic(const cv::Mat& rgb, int height, int width);
+void check_size(int height, int width, const std::string& what, int min_side = kMinSide);
 
 }  // namespace sapiens_seg::io
