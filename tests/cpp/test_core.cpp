@@ -9,6 +9,8 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/resize/resize.hpp"
+#include "core/resize/wheel_cubic.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/torchscript_archive.hpp"
 #include "core/v1/vit_seg.hpp"
@@ -144,6 +146,83 @@ TEST(UnitTensorOps, ResizeNormalizeWithoutResizeIsNormalizeRgb) {
   EXPECT_LE(grey.max().item<float>(), 255.0f);
   expect_error([&] { core::resize_normalize(img.to(at::kFloat), 10, 10, mean, std); },
                ErrorCode::kInternal, {"uint8"});
+}
+
+// The wheel's IPP code path for CPUs this machine is not: the decision replays CPUID bits (the
+// bytes of each path are checked against the wheel itself in tests/python/test_resize.py).
+TEST(UnitResize, WheelCubicPathForEachKindOfCpu) {
+  using core::resize_detail::CpuFeatures;
+  using core::resize_detail::ipp_path_for;
+  using P = core::resize_detail::IppPath;
+  CpuFeatures sse42;  // Nehalem: SSE4.2, no AVX
+  sse42.sse42 = true;
+  CpuFeatures avx = sse42;  // Sandy Bridge: AVX without AVX2 runs the SSE4.2 library
+  avx.avx = avx.osxsave = true;
+  avx.xcr0 = 0x7;
+  CpuFeatures avx2 = avx;  // Haswell / Zen 2: AVX2 needs FMA, BMI1 and BMI2 as well
+  avx2.avx2 = avx2.fma = avx2.bmi1 = avx2.bmi2 = true;
+  CpuFeatures skx = avx2;  // Skylake-X: AVX-512 F/CD/BW/DQ/VL, no VPOPCNTDQ
+  skx.avx512f = skx.avx512cd = skx.avx512bw = skx.avx512dq = skx.avx512vl = true;
+  skx.xcr0 = 0xE7;
+  CpuFeatures icx = skx;  // Ice Lake / Zen 4
+  icx.avx512_vpopcntdq = true;
+
+  EXPECT_EQ(ipp_path_for(CpuFeatures{}, ""), P::kOwn);  // no SSE4.2: OpenCV skips IPP
+  EXPECT_EQ(ipp_path_for(sse42, ""), P::kY8);
+  EXPECT_EQ(ipp_path_for(avx, ""), P::kY8);
+  EXPECT_EQ(ipp_path_for(avx2, ""), P::kL9);
+  CpuFeatures no_bmi2 = avx2;
+  no_bmi2.bmi2 = false;
+  EXPECT_EQ(ipp_path_for(no_bmi2, ""), P::kY8);
+  EXPECT_EQ(ipp_path_for(skx, ""), P::kK0Skx);
+  EXPECT_EQ(ipp_path_for(icx, ""), P::kK0Icx);
+  // The OS decides too: without the ZMM state the AVX-512 library is out, without YMM AVX2 too.
+  CpuFeatures icx_no_zmm = icx;
+  icx_no_zmm.xcr0 = 0x7;
+  EXPECT_EQ(ipp_path_for(icx_no_zmm, ""), P::kL9);
+  CpuFeatures icx_no_ymm = icx;
+  icx_no_ymm.xcr0 = 0x3;
+  EXPECT_EQ(ipp_path_for(icx_no_ymm, ""), P::kY8);
+  // AVX-512 without the AVX2 group still runs the AVX-512 library.
+  CpuFeatures k0_only = icx;
+  k0_only.bmi2 = false;
+  EXPECT_EQ(ipp_path_for(k0_only, ""), P::kK0Icx);
+  // OPENCV_IPP, as OpenCV reads it (case, "ne-" prefix).
+  EXPECT_EQ(ipp_path_for(icx, "avx512"), P::kK0Skx);
+  EXPECT_EQ(ipp_path_for(icx, "AVX2"), P::kL9);
+  EXPECT_EQ(ipp_path_for(icx, "ne-sse42"), P::kY8);
+  EXPECT_EQ(ipp_path_for(icx, "disabled"), P::kOwn);
+  EXPECT_EQ(ipp_path_for(avx2, "avx512"), P::kL9);  // a mask cannot add features
+  EXPECT_EQ(ipp_path_for(icx, "nonsense"), P::kK0Icx);
+  // This machine's own answer is one of them, and stable.
+  EXPECT_EQ(core::resize_detail::wheel_ipp_path(), core::resize_detail::wheel_ipp_path());
+  std::printf("this CPU: the wheel's INTER_CUBIC takes %s\n",
+              core::resize_detail::to_string(core::resize_detail::wheel_ipp_path()));
+}
+
+// The tensor resizes read any strides: a channels-last view, a crop and a transposed view give
+// what their packed copies give, and the host code agrees, for every interpolation.
+TEST(UnitResize, TensorPathReadsAnyStrides) {
+  at::manual_seed(11);
+  const at::Tensor chw = at::randint(0, 256, {3, 90, 70}, at::kByte);
+  const at::Tensor base = at::randint(0, 256, {90, 140, 3}, at::kByte);
+  const std::vector<at::Tensor> views = {chw.permute({1, 2, 0}), base.slice(1, 10, 130),
+                                         base.slice(1, 0, 140, 2), base.transpose(0, 1)};
+  for (const auto interp : {core::Interp::kLinear, core::Interp::kArea, core::Interp::kCubic}) {
+    for (const auto& v : views) {
+      const at::Tensor packed = v.contiguous();
+      for (const auto& [H, W] : {std::pair{51, 37}, std::pair{203, 149}}) {
+        const at::Tensor a = core::resize_tensor(v, H, W, interp);
+        const at::Tensor b = core::resize_tensor(packed, H, W, interp);
+        EXPECT_TRUE(at::equal(a, b)) << core::to_string(interp);
+        at::Tensor host = at::empty({H, W, 3}, at::kByte);
+        core::resize_u8({packed.data_ptr<std::uint8_t>(), static_cast<int>(packed.size(0)),
+                         static_cast<int>(packed.size(1)), 3, 0},
+                        {host.data_ptr<std::uint8_t>(), H, W, 3, 0}, interp);
+        EXPECT_TRUE(at::equal(a, host)) << core::to_string(interp) << " host vs tensor";
+      }
+    }
+  }
 }
 
 TEST(UnitUpsampleArgmax, LabelsOnlyShortcutOnLargeUpscales) {

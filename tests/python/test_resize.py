@@ -15,7 +15,9 @@ Run through ctest (it sets SAPIENS_SEG_BUILD), or by hand:
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -147,6 +149,40 @@ def test_the_two_cubics_differ_and_the_wrong_one_is_caught():
     assert 0.005 < share < 0.2, share
     assert np.array_equal(segmentation.resize(img, (1024, 768), "cubic", cubic="wheel"), wheel)
     assert not np.array_equal(segmentation.resize(img, (1024, 768), "cubic", cubic="opencv"), wheel)
+
+
+# Every IPP code path of the wheel on this one machine: OPENCV_IPP narrows the CPU features the
+# wheel hands to IPP (the AVX-512 library without VPOPCNTDQ, the AVX2 and SSE4.2 libraries, no
+# IPP), and the library honours the variable as OpenCV does (src/core/resize/wheel_cubic.cpp).
+# Each runs in its own process, as the variable is read once.
+_VARIANT_CHECK = r"""
+import json, sys
+import numpy as np, cv2
+sys.path.insert(0, sys.argv[1])
+from sapiens_seg import segmentation
+sys.path.insert(0, sys.argv[2])
+from test_resize import SHAPES, image, mismatch
+bad = []
+for i, (h, w, H, W) in enumerate(SHAPES[::3]):
+    img = image(h, w, seed=1000 + i)
+    want = cv2.resize(img, (W, H), interpolation=cv2.INTER_CUBIC)
+    for device in (None, "cpu"):
+        got = segmentation.resize(img, (H, W), "cubic", device=device)
+        if not np.array_equal(got, want):
+            bad.append(f"{h}x{w} -> {H}x{W} {device}: " + mismatch(got, want))
+print(json.dumps(bad))
+"""
+
+
+@pytest.mark.parametrize("opencv_ipp", ["avx512", "avx2", "sse42", "disabled"])
+def test_cubic_on_each_of_the_wheels_ipp_paths(opencv_ipp: str):
+    env = dict(os.environ, OPENCV_IPP=opencv_ipp)
+    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, str(PKG_PARENT),
+                          str(Path(__file__).resolve().parent)],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bad = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not bad, "\n".join(bad)
 
 
 def test_bad_arguments():

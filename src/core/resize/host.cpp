@@ -70,25 +70,48 @@ inline std::uint8_t clamp_u8(int v) {
 
 // ---- separable fixed-point filters (INTER_LINEAR, INTER_AREA enlarging, OpenCV's cubic) ------
 
-template <int CN, int K>
-void hpass_fixed(const std::uint8_t* S, const Taps& tx, int W, std::int32_t* D) {
-  const std::int32_t* idx = tx.index.data();
-  const std::int16_t* wt = tx.fixed.data();
-  for (int dx = 0; dx < W; ++dx, idx += K, wt += K) {
-    for (int c = 0; c < CN; ++c) {
-      std::int32_t v = 0;
-      for (int k = 0; k < K; ++k) v += S[idx[k] * CN + c] * static_cast<std::int32_t>(wt[k]);
-      D[dx * CN + c] = v;
+// The horizontal table as byte offsets into a row and weights, tap by tap (structure of
+// arrays: the inner loop loads one offset and one weight per tap and pixel).
+template <int K>
+struct RowTable {
+  std::vector<std::int32_t> off[K];
+  std::vector<std::int32_t> wt[K];
+  RowTable(const Taps& t, int W, int cn) {
+    for (int k = 0; k < K; ++k) {
+      off[k].resize(static_cast<std::size_t>(W));
+      wt[k].resize(static_cast<std::size_t>(W));
+      for (int d = 0; d < W; ++d) {
+        off[k][static_cast<std::size_t>(d)] = t.index[static_cast<std::size_t>(d * K + k)] * cn;
+        wt[k][static_cast<std::size_t>(d)] = t.fixed[static_cast<std::size_t>(d * K + k)];
+      }
     }
+  }
+};
+
+template <int CN, int K>
+void hpass_fixed(const std::uint8_t* S, const RowTable<K>& t, int W, std::int32_t* D) {
+  for (int dx = 0; dx < W; ++dx) {
+    std::int32_t v[CN] = {};
+    for (int k = 0; k < K; ++k) {
+      const std::uint8_t* p = S + t.off[k][static_cast<std::size_t>(dx)];
+      const std::int32_t w = t.wt[k][static_cast<std::size_t>(dx)];
+      for (int c = 0; c < CN; ++c) v[c] += p[c] * w;
+    }
+    for (int c = 0; c < CN; ++c) D[dx * CN + c] = v[c];
   }
 }
 
-// INTER_LINEAR's vertical pass (VResizeLinearVec_32s8u and its scalar twin agree).
-void vpass_linear(const std::int32_t* r0, const std::int32_t* r1, std::int32_t b0, std::int32_t b1,
+// INTER_LINEAR's vertical pass (VResizeLinearVec_32s8u and its scalar twin agree): each row term
+// loses 4 bits and keeps the high half of its 16 x 16-bit product with the weight.
+void vpass_linear(const std::int32_t* r0, const std::int32_t* r1, std::int16_t b0, std::int16_t b1,
                   std::uint8_t* out, int n) {
   for (int x = 0; x < n; ++x) {
-    const int v = (((b0 * (r0[x] >> 4)) >> 16) + ((b1 * (r1[x] >> 4)) >> 16) + 2) >> 2;
-    out[x] = clamp_u8(v);
+    const auto a0 = static_cast<std::int16_t>(r0[x] >> 4);
+    const auto a1 = static_cast<std::int16_t>(r1[x] >> 4);
+    const auto h0 = static_cast<std::int16_t>((static_cast<std::int32_t>(a0) * b0) >> 16);
+    const auto h1 = static_cast<std::int16_t>((static_cast<std::int32_t>(a1) * b1) >> 16);
+    const int v = (h0 + h1 + 2) >> 2;
+    out[x] = static_cast<std::uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
   }
 }
 
@@ -116,6 +139,7 @@ void vpass_cubic(const std::int32_t* const r[4], const std::int16_t* b, std::uin
 template <int CN, int K>
 void run_fixed(const Geometry& g, const Taps& tx, const Taps& ty) {
   const int n = g.W * CN;
+  const RowTable<K> table(tx, g.W, CN);
   at::parallel_for(0, g.H, kRowGrain, [&](int64_t y0, int64_t y1) {
     // Horizontally filtered source rows, K of them cached by source row index.
     std::vector<std::int32_t> store(static_cast<std::size_t>(n) * K);
@@ -142,7 +166,7 @@ void run_fixed(const Geometry& g, const Taps& tx, const Taps& ty) {
             }
             if (!used) found = j;
           }
-          hpass_fixed<CN, K>(g.src + static_cast<std::size_t>(sy) * g.sstride, tx, g.W,
+          hpass_fixed<CN, K>(g.src + static_cast<std::size_t>(sy) * g.sstride, table, g.W,
                              slot[found]);
           slot_row[found] = sy;
         }
@@ -165,28 +189,32 @@ void run_area_integer(const Geometry& g, int fx, int fy) {
   const int cn = g.cn;
   const bool fast2 = fx == 2 && fy == 2 && (cn == 1 || cn == 3 || cn == 4);
   const float inv_area = 1.f / static_cast<float>(fx * fy);
+  const int row_len = g.W * fx * cn;  // the source bytes the output row covers
   at::parallel_for(0, g.H, kRowGrain, [&](int64_t y0, int64_t y1) {
+    // Integer sums are exact in any order: add the block's rows first (contiguous, vectorised),
+    // then the columns of each block.
+    std::vector<std::uint32_t> col(static_cast<std::size_t>(row_len));
     for (int64_t dy = y0; dy < y1; ++dy) {
       std::uint8_t* out = g.dst + static_cast<std::size_t>(dy) * g.dstride;
       const std::uint8_t* top = g.src + static_cast<std::size_t>(dy) * fy * g.sstride;
-      if (fast2) {
-        const std::uint8_t* bottom = top + g.sstride;
-        for (int dx = 0; dx < g.W; ++dx) {
+      for (int i = 0; i < row_len; ++i) col[static_cast<std::size_t>(i)] = top[i];
+      for (int sy = 1; sy < fy; ++sy) {
+        const std::uint8_t* row = top + static_cast<std::size_t>(sy) * g.sstride;
+        for (int i = 0; i < row_len; ++i) col[static_cast<std::size_t>(i)] += row[i];
+      }
+      const std::uint32_t* c0 = col.data();
+      if (fast2) {  // (a + b + c + d + 2) >> 2, as OpenCV's 2x2 vector code
+        for (int dx = 0; dx < g.W; ++dx, c0 += 2 * cn) {
           for (int c = 0; c < cn; ++c) {
-            const int i = dx * 2 * cn + c;
-            out[dx * cn + c] = static_cast<std::uint8_t>(
-                (top[i] + top[i + cn] + bottom[i] + bottom[i + cn] + 2) >> 2);
+            out[dx * cn + c] = static_cast<std::uint8_t>((c0[c] + c0[c + cn] + 2) >> 2);
           }
         }
         continue;
       }
-      for (int dx = 0; dx < g.W; ++dx) {
+      for (int dx = 0; dx < g.W; ++dx, c0 += fx * cn) {
         for (int c = 0; c < cn; ++c) {
-          int sum = 0;
-          for (int sy = 0; sy < fy; ++sy) {
-            const std::uint8_t* row = top + static_cast<std::size_t>(sy) * g.sstride;
-            for (int sx = 0; sx < fx; ++sx) sum += row[(dx * fx + sx) * cn + c];
-          }
+          std::uint32_t sum = 0;
+          for (int sx = 0; sx < fx; ++sx) sum += c0[sx * cn + c];
           out[dx * cn + c] =
               clamp_u8(static_cast<int>(round_even(static_cast<float>(sum) * inv_area)));
         }
@@ -285,8 +313,13 @@ void resize_u8(const PixelsU8& src, const MutablePixelsU8& dst, Interp interp, C
                              resize_detail::area_mode_taps(g.h, g.H, false));
     case Interp::kCubic:
       if (flavor == CubicFlavor::kWheel) {
-        return resize_detail::wheel_cubic_host(g.src, g.sstride, g.h, g.w, cn, g.dst, g.dstride,
-                                               g.H, g.W);
+        // The wheel hands sources under 4 pixels on a side to OpenCV's own code (IPP refuses
+        // them), and runs OpenCV's own code everywhere on CPUs IPP is not used on.
+        const resize_detail::IppPath path = resize_detail::wheel_ipp_path();
+        if (path != resize_detail::IppPath::kOwn && g.w >= 4 && g.h >= 4) {
+          return resize_detail::wheel_cubic_host(g.src, g.sstride, g.h, g.w, cn, g.dst, g.dstride,
+                                                 g.H, g.W, path);
+        }
       }
       return run_fixed_cn<4>(g, resize_detail::cubic_taps(g.w, g.W),
                              resize_detail::cubic_taps(g.h, g.H));

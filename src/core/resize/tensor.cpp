@@ -163,7 +163,12 @@ at::Tensor resize_tensor(const at::Tensor& img, int64_t H, int64_t W, Interp int
       return run_fixed(img, resize_detail::area_mode_taps(w, Wi, true),
                        resize_detail::area_mode_taps(h, Hi, false), H, W);
     case Interp::kCubic:
-      if (flavor == CubicFlavor::kWheel) return resize_detail::wheel_cubic_tensor(img, H, W);
+      if (flavor == CubicFlavor::kWheel) {  // as resize_u8
+        const resize_detail::IppPath path = resize_detail::wheel_ipp_path();
+        if (path != resize_detail::IppPath::kOwn && w >= 4 && h >= 4) {
+          return resize_detail::wheel_cubic_tensor(img, H, W, path);
+        }
+      }
       return run_fixed(img, resize_detail::cubic_taps(w, Wi), resize_detail::cubic_taps(h, Hi), H,
                        W);
   }

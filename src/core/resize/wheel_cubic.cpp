@@ -1,81 +1,582 @@
-// PROVISIONAL: exact-arithmetic model of IPP's cubic, being replaced by the reproduced float32
-// arithmetic.
+// The opencv-python wheel's INTER_CUBIC (Intel IPP's cubic resize), reproduced.
+//
+// How it was established: PyPI's full IPP (`ipp` 2026.1, whose libraries keep their symbol names)
+// gives the wheel's bytes through ippiResizeCubic_8u_C3R for every code path; the routines it
+// runs (the filter build, the row and column passes, the border routines of each library) were
+// read from their machine code, and the arithmetic below was checked against the wheel itself
+// on thousands of shapes per path (tests/python/test_resize.py keeps 64 of them, per path, in
+// CI). Facts only; no IPP code is used or copied.
+//
+// Common to all paths:
+// - Tables per axis: s = (d + 0.5) * (src / dst) - 0.5 in double, ix = floor(s), the fraction
+//   t = float(s - ix); tap distances start at x = -1 - t in float32 (one rounding when t >= 0.5)
+//   and step by 1.0f; each weight is the Keys kernel (B = 0, C = 0.75) of |x| evaluated in double
+//   in a fixed order and rounded to float32. Weights are not normalised. Taps outside the image
+//   are clamped (replicated border).
+// - A horizontal pass per source row into float32 rows (not rounded), then a vertical pass over
+//   four of them, rounded half to even and clamped to 0..255.
+// - "Border" columns (rows) are the outputs whose taps leave the image: the first nleft with
+//   ix < 1 and the last nright with ix >= src - 2.
+// What differs is the accumulation order and the use of fused multiply-adds:
+// - k0 (AVX-512): border columns sequentially with FMA; interior columns the same (icx) or in
+//   FMA pairs (skx, whose last n % 4 interior columns pair the taps differently); vertically
+//   fma(r0, v0, v1 r1) + fma(r2, v2, v3 r3).
+// - l9 (AVX2): interior pixels fma(p1, w1, w2 p2) + fma(p0, w0, w3 p3), then the k0 vertical;
+//   every pixel of a border row or column goes through a 2-D routine (below).
+// - y8 (SSE4.2): as l9 without FMA, in other pairings.
+//
+// Built with -ffp-contract=off: every float operation rounds where it is written; fused
+// multiply-adds are exactly the std::fma calls.
 #include "wheel_cubic.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "taps.hpp"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define SAPIENS_SEG_X86 1
+#define SAPIENS_SEG_FMA_TARGET __attribute__((target("avx2,fma")))
+#else
+#define SAPIENS_SEG_FMA_TARGET
+#endif
+#define SAPIENS_SEG_INLINE inline __attribute__((always_inline))
+
+#include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::resize_detail {
 
-namespace {
-struct DTaps {
-  std::vector<int> idx;
-  std::vector<double> w;
-};
-DTaps dtaps(int in, int out) {
-  DTaps t;
-  t.idx.resize(static_cast<std::size_t>(out) * 4);
-  t.w.resize(static_cast<std::size_t>(out) * 4);
-  const double A = -0.75;
-  auto kin = [&](double x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };
-  auto kout = [&](double x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };
-  for (int d = 0; d < out; ++d) {
-    const double s = (d + 0.5) * in / out - 0.5;
-    const int i = static_cast<int>(std::floor(s));
-    const double f = s - i;
-    const double w[4] = {kout(1 + f), kin(f), kin(1 - f), kout(2 - f)};
-    for (int k = 0; k < 4; ++k) {
-      t.idx[static_cast<std::size_t>(d) * 4 + k] = std::clamp(i - 1 + k, 0, in - 1);
-      t.w[static_cast<std::size_t>(d) * 4 + k] = w[k];
+// ---- which path ---------------------------------------------------------------------------------
+
+const char* to_string(IppPath path) {
+  switch (path) {
+    case IppPath::kK0Icx:
+      return "ipp-k0-icx";
+    case IppPath::kK0Skx:
+      return "ipp-k0-skx";
+    case IppPath::kL9:
+      return "ipp-l9";
+    case IppPath::kY8:
+      return "ipp-y8";
+    case IppPath::kOwn:
+      return "opencv";
+  }
+  return "?";
+}
+
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+#ifdef SAPIENS_SEG_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  if (max_leaf < 1) return f;
+  __cpuid_count(1, 0, a, b, c, d);
+  f.sse42 = (c >> 20) & 1;
+  f.fma = (c >> 12) & 1;
+  f.osxsave = (c >> 27) & 1;
+  f.avx = (c >> 28) & 1;
+  if (f.osxsave) {
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.xcr0 = (static_cast<std::uint64_t>(hi) << 32) | lo;
+  }
+  if (max_leaf >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    f.bmi1 = (b >> 3) & 1;
+    f.avx2 = (b >> 5) & 1;
+    f.bmi2 = (b >> 8) & 1;
+    f.avx512f = (b >> 16) & 1;
+    f.avx512dq = (b >> 17) & 1;
+    f.avx512cd = (b >> 28) & 1;
+    f.avx512bw = (b >> 30) & 1;
+    f.avx512vl = (b >> 31) & 1;
+    f.avx512_vpopcntdq = (c >> 14) & 1;
+    __cpuid_count(7, 1, a, b, c, d);
+    if ((d >> 19) & 1 && max_leaf >= 0x24) {  // AVX10: its version and vector widths
+      __cpuid_count(0x24, 0, a, b, c, d);
+      f.avx10_512 = (b & 0xFF) >= 2 && ((b >> 18) & 1);
     }
   }
-  return t;
+#endif
+  return f;
 }
+
+// How the wheel gets there (established from its IPP's dispatcher and OpenCV 5.0.0's start-up,
+// and checked by replaying CPUs on the wheel itself):
+// - OpenCV asks IPP for the CPU's features. IPP reports AVX2 only with BMI1, BMI2 and FMA. With
+//   none of AVX-512F, AVX2 and SSE4.2 OpenCV does not use IPP at all.
+// - OPENCV_IPP=sse42 / avx2 / avx512 narrow the features OpenCV hands to IPP (its avx512 list has
+//   no VPOPCNTDQ); "disabled" keeps OpenCV's own code.
+// - IPP drops AVX2 when the OS has not enabled the YMM state and the AVX-512 group when it has
+//   not enabled the ZMM state; the AVX-512 library needs F, CD, BW, DQ and VL (not AVX2), the
+//   AVX2 one AVX2; anything else (AVX-only CPUs included) runs the SSE4.2 library.
+// - In the AVX-512 library the horizontal pass checks VPOPCNTDQ (icx variant) once more.
+// - An AVX10.2-512 CPU would select a library the wheel does not contain (it would crash in
+//   cv2's IPP start-up); IPP's full release has one whose arithmetic matches the AVX-512
+//   library's, so such CPUs get the k0 bytes here.
+IppPath ipp_path_for(const CpuFeatures& cpu, const std::string& opencv_ipp_env) {
+  std::string env = opencv_ipp_env;
+  std::transform(env.begin(), env.end(), env.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (env.rfind("ne", 0) == 0) env = env.size() > 3 ? env.substr(3) : "";
+  const bool avx2_raw = cpu.avx2 && cpu.bmi1 && cpu.bmi2 && cpu.fma;
+  if (!(cpu.avx512f || avx2_raw || cpu.sse42)) return IppPath::kOwn;
+  if (env == "disabled") return IppPath::kOwn;
+  bool f = cpu.avx512f, avx2 = avx2_raw, vpopcntdq = cpu.avx512_vpopcntdq;
+  if (env == "sse42") f = avx2 = vpopcntdq = false;
+  if (env == "avx2") f = vpopcntdq = false;
+  if (env == "avx512") vpopcntdq = false;
+  const bool avx_os = cpu.osxsave && cpu.avx && (cpu.xcr0 & 0x6) == 0x6;
+  const bool avx512_os = cpu.osxsave && (cpu.xcr0 & 0xE0) == 0xE0;
+  if (!avx_os) avx2 = false;
+  const bool k0 = avx512_os && f && cpu.avx512cd && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl;
+  if (k0) return vpopcntdq ? IppPath::kK0Icx : IppPath::kK0Skx;
+  return avx2 ? IppPath::kL9 : IppPath::kY8;
+}
+
+IppPath wheel_ipp_path() {
+  static const IppPath path = [] {
+    const char* env = std::getenv("OPENCV_IPP");
+    return ipp_path_for(cpu_features(), env ? env : "");
+  }();
+  return path;
+}
+
+// ---- tables ---------------------------------------------------------------------------------------
+
+namespace {
+
+// The Keys kernel with B = 0, C = 0.75, in the order IPP evaluates it (double, left to right).
+float ipp_kernel(float distance) {
+  const double x = distance;
+  const double x2 = x * x;
+  double k = 0;
+  if (x < 1.0) {
+    k = 1.25 * x * x2 + -2.25 * x2 + 1.0;
+  } else if (x < 2.0) {
+    k = -0.75 * x * x2 + 3.75 * x2 - 6.0 * x + 3.0;
+  }
+  return static_cast<float>(k);
+}
+
+struct Axis {
+  std::vector<int> ix;     // [dst]: taps ix - 1 .. ix + 2
+  std::vector<float> w;    // [dst * 4]
+  std::vector<int> tap;    // [dst * 4]: clamped source indices
+  int nleft = 0, nright = 0;
+};
+
+Axis ipp_axis(int src, int dst) {
+  Axis a;
+  a.ix.resize(static_cast<std::size_t>(dst));
+  a.w.resize(static_cast<std::size_t>(dst) * 4);
+  a.tap.resize(static_cast<std::size_t>(dst) * 4);
+  const double ratio = static_cast<double>(src) / static_cast<double>(dst);
+  for (int d = 0; d < dst; ++d) {
+    const double s = (static_cast<double>(d) + 0.5) * ratio - 0.5;
+    const double fl = std::floor(s);
+    const int ix = static_cast<int>(fl);
+    const auto t = static_cast<float>(s - fl);
+    float x = -1.0f - t;
+    for (int k = 0; k < 4; ++k) {
+      a.w[static_cast<std::size_t>(d) * 4 + k] = ipp_kernel(std::fabs(x));
+      a.tap[static_cast<std::size_t>(d) * 4 + k] = std::clamp(ix - 1 + k, 0, src - 1);
+      x = x + 1.0f;
+    }
+    a.ix[static_cast<std::size_t>(d)] = ix;
+    a.nleft += ix < 1;
+    a.nright += ix >= src - 2;
+  }
+  return a;
+}
+
+// ---- the arithmetic of each path -------------------------------------------------------------------
+
+// Horizontal tap sums; p: the four samples, w: the four weights.
+SAPIENS_SEG_INLINE float seq_fma(const float* p, const float* w) {
+  float a = p[0] * w[0];
+  a = std::fma(p[1], w[1], a);
+  a = std::fma(p[2], w[2], a);
+  return std::fma(p[3], w[3], a);
+}
+SAPIENS_SEG_INLINE float pair01_23_fma(const float* p, const float* w) {
+  return std::fma(p[0], w[0], w[1] * p[1]) + std::fma(p[2], w[2], w[3] * p[3]);
+}
+SAPIENS_SEG_INLINE float pair12_03_fma(const float* p, const float* w) {
+  return std::fma(p[1], w[1], w[2] * p[2]) + std::fma(p[0], w[0], w[3] * p[3]);
+}
+SAPIENS_SEG_INLINE float pair03_12(const float* p, const float* w) {
+  return (w[0] * p[0] + w[3] * p[3]) + (w[1] * p[1] + w[2] * p[2]);
+}
+SAPIENS_SEG_INLINE float pair01_23(const float* p, const float* w) {
+  return (w[0] * p[0] + w[1] * p[1]) + (w[2] * p[2] + w[3] * p[3]);
+}
+
+// Round half to even and clamp, as cvtps2dq + packssdw + packuswb. Exact for |v| < 2^22.
+SAPIENS_SEG_INLINE std::uint8_t to_u8(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float r = v >= 0 ? (v + kMagic) - kMagic : (v - kMagic) + kMagic;
+  const float c = r < 0.f ? 0.f : (r > 255.f ? 255.f : r);
+  return static_cast<std::uint8_t>(c);
+}
+
+struct Job {
+  const std::uint8_t* src;
+  std::size_t sstride;
+  int h, w, cn;
+  std::uint8_t* dst;
+  std::size_t dstride;
+  int H, W;
+  const Axis* ax;
+  const Axis* ay;
+  std::vector<std::uint8_t> col_kind;  // k0-skx: 0 border, 1 paired interior, 2 interior tail
+  std::vector<int> xoff;               // [W * 4]: the horizontal taps as byte offsets (tap * cn)
+};
+
+// One source row through the horizontal pass of path P into out[W * cn].
+template <IppPath P>
+SAPIENS_SEG_INLINE void hrow(const Job& j, const std::uint8_t* S, float* out) {
+  const int cn = j.cn;
+  const int* off = j.xoff.data();
+  const float* wt = j.ax->w.data();
+  for (int x = 0; x < j.W; ++x) {
+    const std::uint8_t* s0 = S + off[4 * x];
+    const std::uint8_t* s1 = S + off[4 * x + 1];
+    const std::uint8_t* s2 = S + off[4 * x + 2];
+    const std::uint8_t* s3 = S + off[4 * x + 3];
+    const float* w = wt + 4 * x;
+    for (int c = 0; c < cn; ++c) {
+      const float p[4] = {static_cast<float>(s0[c]), static_cast<float>(s1[c]),
+                          static_cast<float>(s2[c]), static_cast<float>(s3[c])};
+      float v;
+      if constexpr (P == IppPath::kK0Icx) {
+        v = seq_fma(p, w);
+      } else if constexpr (P == IppPath::kK0Skx) {
+        const std::uint8_t kind = j.col_kind[static_cast<std::size_t>(x)];
+        v = kind == 0 ? seq_fma(p, w) : kind == 1 ? pair01_23_fma(p, w) : pair12_03_fma(p, w);
+      } else if constexpr (P == IppPath::kL9) {
+        v = pair12_03_fma(p, w);
+      } else {
+        v = pair03_12(p, w);
+      }
+      out[x * cn + c] = v;
+    }
+  }
+}
+
+template <IppPath P>
+SAPIENS_SEG_INLINE void vrow(const float* const r[4], const float* v, std::uint8_t* out, int n) {
+  for (int x = 0; x < n; ++x) {
+    float s;
+    if constexpr (P == IppPath::kY8) {
+      s = (v[0] * r[0][x] + v[1] * r[1][x]) + (v[2] * r[2][x] + v[3] * r[3][x]);
+    } else {
+      s = std::fma(r[0][x], v[0], v[1] * r[1][x]) + std::fma(r[2][x], v[2], v[3] * r[3][x]);
+    }
+    out[x] = to_u8(s);
+  }
+}
+
+// l9 / y8: a pixel of a border row or column, straight from the source.
+template <IppPath P>
+SAPIENS_SEG_INLINE void border_pixel(const Job& j, int y, int x, std::uint8_t* out) {
+  const int cn = j.cn;
+  const int* t = j.ax->tap.data() + 4 * x;
+  const float* w = j.ax->w.data() + 4 * x;
+  const int* rows = j.ay->tap.data() + 4 * y;
+  const float* vw = j.ay->w.data() + 4 * y;
+  for (int c = 0; c < cn; ++c) {
+    float u[4];
+    for (int r = 0; r < 4; ++r) {
+      const std::uint8_t* S = j.src + static_cast<std::size_t>(rows[r]) * j.sstride;
+      const float p[4] = {static_cast<float>(S[t[0] * cn + c]), static_cast<float>(S[t[1] * cn + c]),
+                          static_cast<float>(S[t[2] * cn + c]), static_cast<float>(S[t[3] * cn + c])};
+      float a;
+      if constexpr (P == IppPath::kL9) {
+        a = (r == 0 || r == 3) ? std::fma(p[1], w[1], w[0] * p[0])
+                               : std::fma(p[0], w[0], w[1] * p[1]);
+        a = std::fma(p[2], w[2], a);
+        a = std::fma(p[3], w[3], a);
+      } else {
+        a = pair01_23(p, w);
+      }
+      u[r] = vw[r] * a;
+    }
+    out[c] = to_u8((u[0] + u[2]) + (u[1] + u[3]));
+  }
+}
+
+// Output rows [y0, y1) of path P, with a cache of four horizontally filtered source rows.
+template <IppPath P>
+SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
+  const int n = j.W * j.cn;
+  std::vector<float> store(static_cast<std::size_t>(n) * 4);
+  float* slot[4];
+  int slot_row[4];
+  for (int k = 0; k < 4; ++k) slot[k] = store.data() + static_cast<std::size_t>(n) * k, slot_row[k] = -1;
+  constexpr bool kBorder2d = P == IppPath::kL9 || P == IppPath::kY8;
+  const Axis& ay = *j.ay;
+  const Axis& ax = *j.ax;
+  for (int64_t dy = y0; dy < y1; ++dy) {
+    const int* rows = ay.tap.data() + 4 * dy;
+    std::uint8_t* out = j.dst + static_cast<std::size_t>(dy) * j.dstride;
+    const bool border_row = dy < ay.nleft || dy >= j.H - ay.nright;
+    if (kBorder2d && border_row) {
+      for (int x = 0; x < j.W; ++x) border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+      continue;
+    }
+    const float* r[4];
+    for (int k = 0; k < 4; ++k) {
+      int found = -1;
+      for (int s = 0; s < 4; ++s) {
+        if (slot_row[s] == rows[k]) found = s;
+      }
+      if (found < 0) {
+        for (int s = 0; s < 4 && found < 0; ++s) {
+          bool used = false;
+          for (int q = 0; q < 4; ++q) used = used || slot_row[s] == rows[q];
+          if (!used) found = s;
+        }
+        hrow<P>(j, j.src + static_cast<std::size_t>(rows[k]) * j.sstride, slot[found]);
+        slot_row[found] = rows[k];
+      }
+      r[k] = slot[found];
+    }
+    vrow<P>(r, ay.w.data() + 4 * dy, out, n);
+    if constexpr (kBorder2d) {
+      for (int x = 0; x < ax.nleft; ++x) border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+      for (int x = j.W - ax.nright; x < j.W; ++x) {
+        border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+      }
+    }
+  }
+}
+
+void band_plain(IppPath p, const Job& j, int64_t y0, int64_t y1) {
+  switch (p) {
+    case IppPath::kK0Icx:
+      return band<IppPath::kK0Icx>(j, y0, y1);
+    case IppPath::kK0Skx:
+      return band<IppPath::kK0Skx>(j, y0, y1);
+    case IppPath::kL9:
+      return band<IppPath::kL9>(j, y0, y1);
+    default:
+      return band<IppPath::kY8>(j, y0, y1);
+  }
+}
+
+// The FMA paths compiled for FMA hardware (std::fma becomes one instruction), used when the CPU
+// has it; band_plain computes the same fused operations in software otherwise.
+SAPIENS_SEG_FMA_TARGET void band_fma(IppPath p, const Job& j, int64_t y0, int64_t y1) {
+  switch (p) {
+    case IppPath::kK0Icx:
+      return band<IppPath::kK0Icx>(j, y0, y1);
+    case IppPath::kK0Skx:
+      return band<IppPath::kK0Skx>(j, y0, y1);
+    default:
+      return band<IppPath::kL9>(j, y0, y1);
+  }
+}
+
+// Whether band_fma's instructions (AVX2, FMA) run here.
+bool cpu_has_fma() {
+  static const bool has = [] {
+    const CpuFeatures f = cpu_features();
+    return f.fma && f.avx2 && f.avx && f.osxsave && (f.xcr0 & 0x6) == 0x6;
+  }();
+  return has;
+}
+
+std::vector<std::uint8_t> skx_column_kinds(const Axis& ax, int W) {
+  std::vector<std::uint8_t> kind(static_cast<std::size_t>(W), 0);
+  const int first = ax.nleft, last = W - ax.nright;  // interior [first, last)
+  const int n = std::max(0, last - first), paired = n / 4 * 4;
+  for (int x = first; x < last; ++x) kind[static_cast<std::size_t>(x)] = x - first < paired ? 1 : 2;
+  return kind;
+}
+
 }  // namespace
 
 void wheel_cubic_host(const std::uint8_t* src, std::size_t sstride, int h, int w, int cn,
-                      std::uint8_t* dst, std::size_t dstride, int H, int W) {
-  const DTaps tx = dtaps(w, W), ty = dtaps(h, H);
-  std::vector<double> rows(static_cast<std::size_t>(h) * W * cn);
-  at::parallel_for(0, h, 16, [&](int64_t a, int64_t b) {
-    for (int64_t y = a; y < b; ++y) {
-      const std::uint8_t* S = src + y * sstride;
-      double* D = rows.data() + y * W * cn;
-      for (int x = 0; x < W; ++x)
-        for (int c = 0; c < cn; ++c) {
-          double v = 0;
-          for (int k = 0; k < 4; ++k) v += tx.w[x * 4 + k] * S[tx.idx[x * 4 + k] * cn + c];
-          D[x * cn + c] = v;
-        }
-    }
-  });
-  at::parallel_for(0, H, 16, [&](int64_t a, int64_t b) {
-    for (int64_t y = a; y < b; ++y) {
-      std::uint8_t* out = dst + y * dstride;
-      for (int x = 0; x < W * cn; ++x) {
-        double v = 0;
-        for (int k = 0; k < 4; ++k)
-          v += ty.w[y * 4 + k] * rows[static_cast<std::size_t>(ty.idx[y * 4 + k]) * W * cn + x];
-        out[x] = static_cast<std::uint8_t>(std::clamp(std::nearbyint(v), 0.0, 255.0));
-      }
+                      std::uint8_t* dst, std::size_t dstride, int H, int W, IppPath path) {
+  if (path == IppPath::kOwn || w < 4 || h < 4) {
+    throw Error(ErrorCode::kInternal, "wheel_cubic_host: OpenCV's own path is resize_u8's");
+  }
+  const Axis ax = ipp_axis(w, W), ay = ipp_axis(h, H);
+  Job j{src, sstride, h, w, cn, dst, dstride, H, W, &ax, &ay, {}, {}};
+  if (path == IppPath::kK0Skx) j.col_kind = skx_column_kinds(ax, W);
+  j.xoff.resize(ax.tap.size());
+  for (std::size_t i = 0; i < ax.tap.size(); ++i) j.xoff[i] = ax.tap[i] * cn;
+  const bool fma_hw = path != IppPath::kY8 && cpu_has_fma();
+  at::parallel_for(0, H, 16, [&](int64_t y0, int64_t y1) {
+    if (fma_hw) {
+      band_fma(path, j, y0, y1);
+    } else {
+      band_plain(path, j, y0, y1);
     }
   });
 }
 
-at::Tensor wheel_cubic_tensor(const at::Tensor& img, int64_t H, int64_t W) {
-  const at::Tensor cpu = img.to(at::kCPU).contiguous();
-  at::Tensor out = at::empty({H, W, img.size(2)}, cpu.options());
-  wheel_cubic_host(cpu.data_ptr<std::uint8_t>(), cpu.stride(0), static_cast<int>(img.size(0)),
-                   static_cast<int>(img.size(1)), static_cast<int>(img.size(2)),
-                   out.data_ptr<std::uint8_t>(), out.stride(0), static_cast<int>(H),
-                   static_cast<int>(W));
-  return out.to(img.device());
+// ---- tensor ops -------------------------------------------------------------------------------------
+
+namespace {
+
+// float32 a * b + c rounded once, on any device: the product is exact in float64, the sum is
+// rounded to float64 with its error known exactly (TwoSum), and rounding to odd before the
+// conversion to float32 makes the double rounding a single correct one.
+at::Tensor fma_exact(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+  const at::Tensor p = a.to(at::kDouble) * b.to(at::kDouble);
+  const at::Tensor cd = c.to(at::kDouble);
+  const at::Tensor s = p + cd;
+  const at::Tensor bb = s - p;
+  const at::Tensor err = (p - (s - bb)) + (cd - bb);
+  const at::Tensor even = at::bitwise_and(s.view(at::kLong), 1).eq(0);
+  const at::Tensor toward = at::where(err.gt(0), at::full({}, INFINITY, s.options()),
+                                      at::full({}, -INFINITY, s.options()));
+  const at::Tensor odd = at::where(err.ne(0).logical_and(even), at::nextafter(s, toward), s);
+  return odd.to(at::kFloat);
+}
+
+at::Tensor to_u8_tensor(const at::Tensor& v) {
+  return at::round(v).clamp_(0, 255).to(at::kByte);
+}
+
+struct AxisTensors {
+  std::vector<at::Tensor> tap;  // 4 x int64 [dst]
+  std::vector<at::Tensor> w;    // 4 x float [dst]
+};
+
+AxisTensors axis_tensors(const Axis& a, const c10::Device& dev) {
+  const auto n = static_cast<int64_t>(a.ix.size());
+  at::Tensor tap = at::empty({4, n}, at::kLong), w = at::empty({4, n}, at::kFloat);
+  auto ta = tap.accessor<int64_t, 2>();
+  auto wa = w.accessor<float, 2>();
+  for (int64_t d = 0; d < n; ++d) {
+    for (int64_t k = 0; k < 4; ++k) {
+      ta[k][d] = a.tap[static_cast<std::size_t>(d * 4 + k)];
+      wa[k][d] = a.w[static_cast<std::size_t>(d * 4 + k)];
+    }
+  }
+  tap = tap.to(dev);
+  w = w.to(dev);
+  AxisTensors t;
+  for (int64_t k = 0; k < 4; ++k) {
+    t.tap.push_back(tap[k]);
+    t.w.push_back(w[k]);
+  }
+  return t;
+}
+
+// Horizontal combinations on [.., W, C] samples p[k] with weights w[k] ([W] viewed [1, W, 1]).
+using Quad = std::vector<at::Tensor>;
+at::Tensor t_seq_fma(const Quad& p, const Quad& w) {
+  at::Tensor a = p[0] * w[0];
+  for (int k = 1; k < 4; ++k) a = fma_exact(p[static_cast<std::size_t>(k)], w[static_cast<std::size_t>(k)], a);
+  return a;
+}
+at::Tensor t_pair01_23_fma(const Quad& p, const Quad& w) {
+  return fma_exact(p[0], w[0], w[1] * p[1]) + fma_exact(p[2], w[2], w[3] * p[3]);
+}
+at::Tensor t_pair12_03_fma(const Quad& p, const Quad& w) {
+  return fma_exact(p[1], w[1], w[2] * p[2]) + fma_exact(p[0], w[0], w[3] * p[3]);
+}
+at::Tensor t_pair03_12(const Quad& p, const Quad& w) {
+  return (w[0] * p[0] + w[3] * p[3]) + (w[1] * p[1] + w[2] * p[2]);
+}
+at::Tensor t_pair01_23(const Quad& p, const Quad& w) {
+  return (w[0] * p[0] + w[1] * p[1]) + (w[2] * p[2] + w[3] * p[3]);
+}
+
+// The 2-D border routine of l9 / y8 for output rows `ys` and output columns `xs` (index tensors):
+// a [ys, xs, C] block.
+at::Tensor t_border_block(const at::Tensor& img, const AxisTensors& x, const AxisTensors& y,
+                          const at::Tensor& ys, const at::Tensor& xs, IppPath path) {
+  Quad w, pcols;
+  for (std::size_t k = 0; k < 4; ++k) w.push_back(x.w[k].index_select(0, xs).view({1, -1, 1}));
+  std::vector<at::Tensor> u;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const at::Tensor rows = img.index_select(0, y.tap[r].index_select(0, ys));  // [ny, w, C]
+    Quad p;
+    for (std::size_t k = 0; k < 4; ++k) {
+      p.push_back(rows.index_select(1, x.tap[k].index_select(0, xs)).to(at::kFloat));
+    }
+    at::Tensor a;
+    if (path == IppPath::kL9) {
+      a = (r == 0 || r == 3) ? fma_exact(p[1], w[1], w[0] * p[0]) : fma_exact(p[0], w[0], w[1] * p[1]);
+      a = fma_exact(p[2], w[2], a);
+      a = fma_exact(p[3], w[3], a);
+    } else {
+      a = t_pair01_23(p, w);
+    }
+    u.push_back(y.w[r].index_select(0, ys).view({-1, 1, 1}) * a);
+  }
+  return to_u8_tensor((u[0] + u[2]) + (u[1] + u[3]));
+}
+
+}  // namespace
+
+at::Tensor wheel_cubic_tensor(const at::Tensor& img, int64_t H, int64_t W, IppPath path) {
+  const int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
+  if (path == IppPath::kOwn || w < 4 || h < 4) {
+    throw Error(ErrorCode::kInternal, "wheel_cubic_tensor: OpenCV's own path is resize_tensor's");
+  }
+  const auto dev = img.device();
+  const Axis ax = ipp_axis(w, static_cast<int>(W)), ay = ipp_axis(h, static_cast<int>(H));
+  const AxisTensors x = axis_tensors(ax, dev), y = axis_tensors(ay, dev);
+  // Horizontal pass over every source row: [h, W, C] float32.
+  Quad p, wx;
+  for (std::size_t k = 0; k < 4; ++k) {
+    p.push_back(img.index_select(1, x.tap[k]).to(at::kFloat));
+    wx.push_back(x.w[k].view({1, W, 1}));
+  }
+  at::Tensor rows;
+  switch (path) {
+    case IppPath::kK0Icx:
+      rows = t_seq_fma(p, wx);
+      break;
+    case IppPath::kK0Skx: {
+      const auto kinds = skx_column_kinds(ax, static_cast<int>(W));
+      const at::Tensor kind =
+          at::tensor(std::vector<int64_t>(kinds.begin(), kinds.end()), at::kLong).to(dev).view({1, W, 1});
+      rows = at::where(kind.eq(0), t_seq_fma(p, wx),
+                       at::where(kind.eq(1), t_pair01_23_fma(p, wx), t_pair12_03_fma(p, wx)));
+      break;
+    }
+    case IppPath::kL9:
+      rows = t_pair12_03_fma(p, wx);
+      break;
+    default:
+      rows = t_pair03_12(p, wx);
+      break;
+  }
+  // Vertical pass.
+  Quad r, wy;
+  for (std::size_t k = 0; k < 4; ++k) {
+    r.push_back(rows.index_select(0, y.tap[k]));
+    wy.push_back(y.w[k].view({H, 1, 1}));
+  }
+  at::Tensor out = to_u8_tensor(path == IppPath::kY8
+                                    ? (wy[0] * r[0] + wy[1] * r[1]) + (wy[2] * r[2] + wy[3] * r[3])
+                                    : fma_exact(r[0], wy[0], wy[1] * r[1]) +
+                                          fma_exact(r[2], wy[2], wy[3] * r[3]));
+  if (path == IppPath::kL9 || path == IppPath::kY8) {
+    const auto opt = at::TensorOptions().dtype(at::kLong).device(dev);
+    const at::Tensor all_x = at::arange(W, opt), all_y = at::arange(H, opt);
+    const at::Tensor border_y = at::cat({at::arange(ay.nleft, opt), at::arange(H - ay.nright, H, opt)});
+    const at::Tensor border_x = at::cat({at::arange(ax.nleft, opt), at::arange(W - ax.nright, W, opt)});
+    if (border_y.numel() > 0) {
+      out.index_copy_(0, border_y, t_border_block(img, x, y, border_y, all_x, path));
+    }
+    if (border_x.numel() > 0) {
+      out.index_copy_(1, border_x, t_border_block(img, x, y, all_y, border_x, path));
+    }
+  }
+  return out;
 }
 
 }  // namespace sapiens_seg::core::resize_detail
