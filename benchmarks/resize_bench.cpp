@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: resize_bench [--threads N] [--reps N] [--json FILE] [--only TEXT]\n");
+      std::fprintf(stderr,
+                   "usage: resize_bench [--threads N] [--reps N] [--json FILE] [--only TEXT]\n");
       return 2;
     }
   }
@@ -130,21 +131,23 @@ int main(int argc, char** argv) {
     const double a = median(t_ours), b = median(t_cv);
     const char* flavor = c.interp != C ? "" : c.flavor == wheel ? "wheel" : "opencv";
     std::printf("%-26s %-7s %10.2f %10.2f %6.2fx\n", name.c_str(), flavor, a, b, a / b);
-    rows.push_back({{"resize", name}, {"cubic", flavor}, {"library_ms", a}, {"opencv_ms", b},
+    rows.push_back({{"resize", name},
+                    {"cubic", flavor},
+                    {"library_ms", a},
+                    {"opencv_ms", b},
                     {"ratio", a / b}});
   }
   if (!json_out.empty()) {
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
-    const nlohmann::json out = {
-        {"date", date},
-        {"cpu", read_first("/proc/cpuinfo", "model name")},
-        {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
-        {"threads", at::get_num_threads()},
-        {"opencv", CV_VERSION},
-        {"reps", reps},
-        {"rows", rows}};
+    const nlohmann::json out = {{"date", date},
+                                {"cpu", read_first("/proc/cpuinfo", "model name")},
+                                {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
+                                {"threads", at::get_num_threads()},
+                                {"opencv", CV_VERSION},
+                                {"reps", reps},
+                                {"rows", rows}};
     std::ofstream(json_out) << out.dump(2) << "\n";
   }
   return 0;

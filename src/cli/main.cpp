@@ -40,7 +40,7 @@ void print_error(const Error& e) {
 
 struct LoadArgs {
   std::string mode = "auto", device, dtype = "default", normalization = "demo";
-  std::string pipeline = "auto";
+  std::string pipeline = "auto", cubic = "wheel";
   int threads = 0;
   bool accept_nc = false, allow_unverified = false, use_hf_token = false;
 };
@@ -62,6 +62,7 @@ LoadOptions load_options(const LoadArgs& a) {
   o.pipeline = a.pipeline == "host"     ? Pipeline::kHost
                : a.pipeline == "device" ? Pipeline::kDevice
                                         : Pipeline::kAuto;
+  o.cubic = a.cubic == "opencv" ? CubicResize::kOpenCV : CubicResize::kWheel;
   o.accept_noncommercial = a.accept_nc;
   o.allow_unverified = a.allow_unverified;
   o.threads = a.threads;
@@ -203,9 +204,14 @@ int main(int argc, char** argv) try {
       ->check(CLI::IsMember({"demo", "training"}))
       ->capture_default_str();
   s->add_option("--pipeline", la.pipeline,
-                "resize, normalisation and upsample+argmax on the host (OpenCV, the demo's bytes) "
-                "or where the network runs (auto: device on CUDA)")
+                "resize, normalisation and upsample+argmax on the host or where the network runs "
+                "(auto: device on CUDA); the same resized bytes either way")
       ->check(CLI::IsMember({"auto", "host", "device"}))
+      ->capture_default_str();
+  s->add_option("--cubic", la.cubic,
+                "Sapiens2's INTER_CUBIC bytes: the x86-64 opencv-python wheel's (IPP) or "
+                "OpenCV's own (cv2.setUseOptimized(False), builds without IPP)")
+      ->check(CLI::IsMember({"wheel", "opencv"}))
       ->capture_default_str();
   s->add_option("--batch-size,--batch", seg.batch, "images per network call")
       ->check(CLI::Range(1, 256))

@@ -26,6 +26,7 @@
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/kernel_ops.hpp"
+#include "core/resize/resize.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/kernels_schedule.hpp"
@@ -315,23 +316,40 @@ TEST(GpuKernels, UpsampleArgmaxEqualsTheCpuPath) {
   }
 }
 
-// The device pipeline's steps on the GPU against the same steps on the CPU: the resize (integer
-// arithmetic, so equal) and the labels, through seg_up's fused kernel and the ATen band path.
+// The device pipeline's steps on the GPU against the same steps on the CPU: the resizes of both
+// families (INTER_LINEAR, INTER_AREA and both INTER_CUBIC flavours: integer or exactly rounded
+// float arithmetic, so equal bytes) and the labels, through seg_up's fused kernel and the ATen
+// band path.
 TEST(GpuPipeline, DeviceStepsEqualTheirCpuRuns) {
   REQUIRE_GPU();
   at::manual_seed(8);
   const std::array<float, 3> zero{0, 0, 0}, one{1, 1, 1};
+  // Shrinking, enlarging, mixed, an integer factor, the network size.
   for (auto [h, w, H, W] : {std::tuple<int, int, int, int>{3000, 4000, 1024, 768},
                             {300, 211, 1024, 768},
+                            {600, 1000, 1024, 768},
+                            {1500, 700, 1024, 768},
+                            {2048, 1536, 1024, 768},
                             {1024, 768, 1024, 768}}) {
     const at::Tensor img = at::randint(0, 256, {h, w, 3}, at::kByte);
-    const at::Tensor cpu = core::resize_normalize(img, H, W, zero, one);
-    const at::Tensor gpu = core::resize_normalize(img.to(kGpu), H, W, zero, one).cpu();
-    const at::Tensor d = (cpu - gpu).abs();
-    const double share = d.gt(0).to(at::kFloat).mean().item<double>();
-    std::printf("resize on the GPU %dx%d -> %dx%d: max |diff| %.0f, %.4f %% differ\n", h, w, H, W,
-                d.max().item<double>(), 100 * share);
-    EXPECT_EQ(d.max().item<double>(), 0.0);
+    for (const auto interp : {core::Interp::kLinear, core::Interp::kArea, core::Interp::kCubic}) {
+      for (const auto flavor : {core::CubicFlavor::kWheel, core::CubicFlavor::kOpenCV}) {
+        if (interp != core::Interp::kCubic && flavor == core::CubicFlavor::kOpenCV) continue;
+        // The host code is the reference: tests/python/test_resize.py holds it to the wheel.
+        at::Tensor host = at::empty({H, W, 3}, at::kByte);
+        core::resize_u8({img.data_ptr<std::uint8_t>(), h, w, 3, 0},
+                        {host.data_ptr<std::uint8_t>(), H, W, 3, 0}, interp, flavor);
+        const at::Tensor cpu = core::normalize_rgb(host.data_ptr<std::uint8_t>(), H, W,
+                                                   static_cast<std::size_t>(W) * 3, zero, one);
+        const at::Tensor gpu =
+            core::resize_normalize(img.to(kGpu), H, W, zero, one, interp, flavor).cpu();
+        const at::Tensor d = (cpu - gpu).abs();
+        const double share = d.gt(0).to(at::kFloat).mean().item<double>();
+        std::printf("%s resize on the GPU %dx%d -> %dx%d: max |diff| %.0f, %.4f %% differ\n",
+                    core::to_string(interp), h, w, H, W, d.max().item<double>(), 100 * share);
+        EXPECT_EQ(d.max().item<double>(), 0.0) << core::to_string(interp);
+      }
+    }
   }
   for (at::ScalarType t : kAllTypes) {
     for (auto [h, w, H, W] : {std::tuple<int, int, int, int>{512, 384, 3000, 4000},

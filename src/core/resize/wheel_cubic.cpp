@@ -147,7 +147,8 @@ IppPath wheel_ipp_path() {
   return path;
 }
 
-// ---- tables ---------------------------------------------------------------------------------------
+// ---- tables
+// ---------------------------------------------------------------------------------------
 
 namespace {
 
@@ -165,9 +166,9 @@ float ipp_kernel(float distance) {
 }
 
 struct Axis {
-  std::vector<int> ix;     // [dst]: taps ix - 1 .. ix + 2
-  std::vector<float> w;    // [dst * 4]
-  std::vector<int> tap;    // [dst * 4]: clamped source indices
+  std::vector<int> ix;   // [dst]: taps ix - 1 .. ix + 2
+  std::vector<float> w;  // [dst * 4]
+  std::vector<int> tap;  // [dst * 4]: clamped source indices
   int nleft = 0, nright = 0;
 };
 
@@ -195,7 +196,8 @@ Axis ipp_axis(int src, int dst) {
   return a;
 }
 
-// ---- the arithmetic of each path -------------------------------------------------------------------
+// ---- the arithmetic of each path
+// -------------------------------------------------------------------
 
 // Horizontal tap sums; p: the four samples, w: the four weights.
 SAPIENS_SEG_INLINE float seq_fma(const float* p, const float* w) {
@@ -294,8 +296,9 @@ SAPIENS_SEG_INLINE void border_pixel(const Job& j, int y, int x, std::uint8_t* o
     float u[4];
     for (int r = 0; r < 4; ++r) {
       const std::uint8_t* S = j.src + static_cast<std::size_t>(rows[r]) * j.sstride;
-      const float p[4] = {static_cast<float>(S[t[0] * cn + c]), static_cast<float>(S[t[1] * cn + c]),
-                          static_cast<float>(S[t[2] * cn + c]), static_cast<float>(S[t[3] * cn + c])};
+      const float p[4] = {
+          static_cast<float>(S[t[0] * cn + c]), static_cast<float>(S[t[1] * cn + c]),
+          static_cast<float>(S[t[2] * cn + c]), static_cast<float>(S[t[3] * cn + c])};
       float a;
       if constexpr (P == IppPath::kL9) {
         a = (r == 0 || r == 3) ? std::fma(p[1], w[1], w[0] * p[0])
@@ -318,7 +321,8 @@ SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
   std::vector<float> store(static_cast<std::size_t>(n) * 4);
   float* slot[4];
   int slot_row[4];
-  for (int k = 0; k < 4; ++k) slot[k] = store.data() + static_cast<std::size_t>(n) * k, slot_row[k] = -1;
+  for (int k = 0; k < 4; ++k)
+    slot[k] = store.data() + static_cast<std::size_t>(n) * k, slot_row[k] = -1;
   constexpr bool kBorder2d = P == IppPath::kL9 || P == IppPath::kY8;
   const Axis& ay = *j.ay;
   const Axis& ax = *j.ax;
@@ -349,7 +353,8 @@ SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
     }
     vrow<P>(r, ay.w.data() + 4 * dy, out, n);
     if constexpr (kBorder2d) {
-      for (int x = 0; x < ax.nleft; ++x) border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+      for (int x = 0; x < ax.nleft; ++x)
+        border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
       for (int x = j.W - ax.nright; x < j.W; ++x) {
         border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
       }
@@ -422,7 +427,8 @@ void wheel_cubic_host(const std::uint8_t* src, std::size_t sstride, int h, int w
   });
 }
 
-// ---- tensor ops -------------------------------------------------------------------------------------
+// ---- tensor ops
+// -------------------------------------------------------------------------------------
 
 namespace {
 
@@ -476,7 +482,8 @@ AxisTensors axis_tensors(const Axis& a, const c10::Device& dev) {
 using Quad = std::vector<at::Tensor>;
 at::Tensor t_seq_fma(const Quad& p, const Quad& w) {
   at::Tensor a = p[0] * w[0];
-  for (int k = 1; k < 4; ++k) a = fma_exact(p[static_cast<std::size_t>(k)], w[static_cast<std::size_t>(k)], a);
+  for (int k = 1; k < 4; ++k)
+    a = fma_exact(p[static_cast<std::size_t>(k)], w[static_cast<std::size_t>(k)], a);
   return a;
 }
 at::Tensor t_pair01_23_fma(const Quad& p, const Quad& w) {
@@ -507,7 +514,8 @@ at::Tensor t_border_block(const at::Tensor& img, const AxisTensors& x, const Axi
     }
     at::Tensor a;
     if (path == IppPath::kL9) {
-      a = (r == 0 || r == 3) ? fma_exact(p[1], w[1], w[0] * p[0]) : fma_exact(p[0], w[0], w[1] * p[1]);
+      a = (r == 0 || r == 3) ? fma_exact(p[1], w[1], w[0] * p[0])
+                             : fma_exact(p[0], w[0], w[1] * p[1]);
       a = fma_exact(p[2], w[2], a);
       a = fma_exact(p[3], w[3], a);
     } else {
@@ -542,7 +550,9 @@ at::Tensor wheel_cubic_tensor(const at::Tensor& img, int64_t H, int64_t W, IppPa
     case IppPath::kK0Skx: {
       const auto kinds = skx_column_kinds(ax, static_cast<int>(W));
       const at::Tensor kind =
-          at::tensor(std::vector<int64_t>(kinds.begin(), kinds.end()), at::kLong).to(dev).view({1, W, 1});
+          at::tensor(std::vector<int64_t>(kinds.begin(), kinds.end()), at::kLong)
+              .to(dev)
+              .view({1, W, 1});
       rows = at::where(kind.eq(0), t_seq_fma(p, wx),
                        at::where(kind.eq(1), t_pair01_23_fma(p, wx), t_pair12_03_fma(p, wx)));
       break;
@@ -567,8 +577,10 @@ at::Tensor wheel_cubic_tensor(const at::Tensor& img, int64_t H, int64_t W, IppPa
   if (path == IppPath::kL9 || path == IppPath::kY8) {
     const auto opt = at::TensorOptions().dtype(at::kLong).device(dev);
     const at::Tensor all_x = at::arange(W, opt), all_y = at::arange(H, opt);
-    const at::Tensor border_y = at::cat({at::arange(ay.nleft, opt), at::arange(H - ay.nright, H, opt)});
-    const at::Tensor border_x = at::cat({at::arange(ax.nleft, opt), at::arange(W - ax.nright, W, opt)});
+    const at::Tensor border_y =
+        at::cat({at::arange(ay.nleft, opt), at::arange(H - ay.nright, H, opt)});
+    const at::Tensor border_x =
+        at::cat({at::arange(ax.nleft, opt), at::arange(W - ax.nright, W, opt)});
     if (border_y.numel() > 0) {
       out.index_copy_(0, border_y, t_border_block(img, x, y, border_y, all_x, path));
     }
