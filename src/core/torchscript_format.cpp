@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -568,7 +569,13 @@ void read_record(const std::uint8_t* data, const ArchiveRecord& r, std::uint8_t*
 
 std::string read_record(const std::uint8_t* data, const ArchiveRecord& r,
                         const std::string& source) {
-  std::string s(r.uncompressed, '\0');
+  std::string s;
+  try {
+    s.assign(r.uncompressed, '\0');
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    throw Error(ErrorCode::kIo, "cannot allocate " + std::to_string(r.uncompressed) +
+                                    " bytes to read record '" + r.name + "' of " + source);
+  }
   read_record(data, r, reinterpret_cast<std::uint8_t*>(s.data()), source);
   return s;
 }

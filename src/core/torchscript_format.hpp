@@ -7,13 +7,18 @@
 // torchscript_archive.hpp turns its tensor descriptions into at::Tensor views.
 //
 // Why not LibTorch's own unpickler (torch::jit::Unpickler, behind torch::jit::load and
-// torch::pickle_load): for a TorchScript module it resolves every class of data.pkl against the
-// module's compiled code and calls the classes' __setstate__ methods, i.e. it needs the code/
-// records compiled first (seconds for a large file) and runs code from the file;
-// torch::pickle_load takes only the torch.save container and refuses module objects. Its errors
-// are c10::Errors we could catch, but it was not written against hostile input and the project
-// cannot fuzz it at the depth it fuzzes this reader. This reader accepts less (the subset torch
-// writes for modules of tensors) and refuses the rest with a message naming the byte.
+// torch::jit::unpickle / torch::pickle_load): it can decode data.pkl without running Python, but
+// not a module tree on its own. Object entries (every __torch__.* module) need a type resolver
+// that hands back the compiled ClassType (pickle.h: "if any IValues in the pickled data are
+// Objects, then a class_resolver function must be provided"), which torch::jit::load gets by
+// compiling the archive's code/ records, i.e. running the TorchScript compiler over text from
+// the file, and classes with __setstate__ then run that method; torch::pickle_load has no
+// resolver and is meant for torch.save containers. It is also not hardened against hostile
+// input: fuzzing has found out-of-bounds reads and crashes in it (pytorch/pytorch issues 77573,
+// 109791, PR 103667) and unbounded allocations from lengths in the stream (issue 185443, 2026).
+// So this reader stays: it accepts only the subset torch writes for modules of tensors, never
+// allocates more than the input's size for a value, and refuses everything else with a message
+// naming the byte; tests/fuzz/fuzz_torchscript.cpp fuzzes it under ASan and UBSan.
 #pragma once
 
 #include <cstddef>

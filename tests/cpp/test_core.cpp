@@ -308,6 +308,7 @@ struct ZipOptions {
   std::map<std::string, std::uint32_t> declared;  // a record's size in both headers
   std::set<std::string> deflated;                 // records stored with DEFLATE
   std::map<std::string, std::uint32_t> crc;       // a record's CRC-32 field
+  std::map<std::string, std::uint32_t> inflated;  // a record's uncompressed size alone
   std::uint16_t flags = 0;                        // every record's general-purpose bits
 };
 
@@ -323,8 +324,10 @@ std::shared_ptr<const std::vector<std::uint8_t>> make_zip(
     const auto it = o.declared.find(rel);
     const std::uint32_t size =
         it == o.declared.end() ? static_cast<std::uint32_t>(data.size()) : it->second;
-    const std::uint32_t usize =
-        it == o.declared.end() ? static_cast<std::uint32_t>(plain.size()) : it->second;
+    const auto inf = o.inflated.find(rel);
+    const std::uint32_t usize = inf != o.inflated.end()  ? inf->second
+                                : it == o.declared.end() ? static_cast<std::uint32_t>(plain.size())
+                                                         : it->second;
     const auto c = o.crc.find(rel);
     const std::uint32_t crc =
         c == o.crc.end() ? core::crc32(plain.data(), plain.size()) : c->second;
@@ -690,7 +693,7 @@ TEST(UnitArchive, DeflatedRecordsAreInflated) {
   expect_format_error(
       [&] {
         core::TorchScriptArchive::from_buffer(
-            make_zip(files, {.declared = {{"data/0", 4000000}}, .deflated = {"data/0"}}));
+            make_zip(files, {.deflated = {"data/0"}, .inflated = {{"data/0", 4000000}}}));
       },
       {"declares 4000000 bytes", "more than DEFLATE can produce"});
   // A whole real archive re-zipped with ZIP_DEFLATED (the fixture; torch.jit.load reads it):
@@ -712,7 +715,7 @@ TEST(UnitArchive, HugeSizesAndOffsetsAreRefusedNotOverflowed) {
   p += "ctorch._utils\n_rebuild_tensor_v2\n(";
   p += "(" + unicode("storage") + "ctorch\nFloatStorage\n" + unicode("0") + unicode("cpu") +
        "K\x04tQ";
-  p += "K\x00";
+  p += std::string("K\x00", 2);
   p += std::string("\x8a\x08") + std::string("\x00\x00\x00\x00\x00\x00\x00\x40", 8);
   p += std::string("\x8a\x08") + std::string("\x00\x00\x00\x00\x00\x00\x00\x40", 8) + "\x86";
   p += "K\x01K\x01\x86\x89";
