@@ -2,8 +2,8 @@
 """Write the seed corpus of the TorchScript archive fuzz target (tests/fuzz/corpus_torchscript).
 
 Every seed is a real archive written by the torch of the project's venv (torch.jit.save and
-torch.save in several styles), re-packed variants (deflated, zip64, without a byteorder record as
-torch 1.x wrote them) and a few damaged ones, each under 64 KiB (the target's -max_len). Run it
+torch.save in several styles), re-packed variants (deflated, zip64, without the byteorder record that
+older torch releases did not write) and a few damaged ones, each under 64 KiB (the target's -max_len). Run it
 again after a torch upgrade and commit the result:
 
     .venv/bin/python tests/fuzz/make_torchscript_seeds.py tests/fuzz/corpus_torchscript
