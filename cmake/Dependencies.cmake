@@ -107,6 +107,32 @@ set(SAPIENS_SEG_RUNTIME_RPATH ${SAPIENS_SEG_TORCH_LIB_DIR} ${SAPIENS_SEG_TORCH_N
 # it is not installed system-wide (the GPU machine carries it).
 find_package(nlohmann_json 3.10 REQUIRED)
 
+# The TorchScript archive reader checks each record's CRC-32 and inflates deflated records: zlib
+# (Debian zlib1g-dev) always; ISA-L (Debian libisal-dev) when found, for a CRC several times
+# faster than zlib 1.2's (carry-less multiply), which the load time of a 1.3 GB checkpoint shows.
+# Where only the runtime package is installed (the GPU machine: tools/gpu_check.sh carries the two
+# headers), libz.so.1 itself is linked.
+find_library(ZLIB_LIBRARY NAMES z libz.so.1)
+find_package(ZLIB REQUIRED)
+set(SAPIENS_SEG_ZIP_LIBRARIES ZLIB::ZLIB)
+option(SAPIENS_SEG_ISAL "Use ISA-L for the CRC-32 of checkpoint records when it is found" ON)
+set(SAPIENS_SEG_HAVE_ISAL OFF)
+if(SAPIENS_SEG_ISAL)
+  find_path(SAPIENS_SEG_ISAL_INCLUDE_DIR isa-l/crc.h)
+  find_library(SAPIENS_SEG_ISAL_LIBRARY isal)
+  if(SAPIENS_SEG_ISAL_INCLUDE_DIR AND SAPIENS_SEG_ISAL_LIBRARY)
+    set(SAPIENS_SEG_HAVE_ISAL ON)
+    add_library(sapiens_seg_isal INTERFACE IMPORTED)
+    set_target_properties(sapiens_seg_isal PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${SAPIENS_SEG_ISAL_INCLUDE_DIR}"
+      INTERFACE_LINK_LIBRARIES "${SAPIENS_SEG_ISAL_LIBRARY}")
+    list(APPEND SAPIENS_SEG_ZIP_LIBRARIES sapiens_seg_isal)
+    message(STATUS "sapiens-seg: CRC-32 of checkpoint records by ISA-L (${SAPIENS_SEG_ISAL_LIBRARY})")
+  else()
+    message(STATUS "sapiens-seg: ISA-L not found (libisal-dev): CRC-32 of checkpoint records by zlib")
+  endif()
+endif()
+
 if(SAPIENS_SEG_BUILD_IO)
   find_package(OpenCV REQUIRED COMPONENTS core imgproc imgcodecs videoio)
   find_package(Threads REQUIRED)

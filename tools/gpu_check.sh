@@ -42,6 +42,9 @@ if [ "$mode" = prepare ]; then
   rm -rf "$carry"
   mkdir -p "$carry/json/include" "$carry/json/share/cmake" "$carry/cudnn_frontend"
   cp -r /usr/include/nlohmann "$carry/json/include/"
+  # zlib's headers (the archive reader's CRC-32 and inflation), for a machine with only libz.so.1.
+  mkdir -p "$carry/zlib/include"
+  cp /usr/include/zlib.h "$(find /usr/include -name zconf.h | head -1)" "$carry/zlib/include/"
   cp -r /usr/share/cmake/nlohmann_json "$carry/json/share/cmake/"
   cp -r /usr/src/googletest "$carry/googletest-src"
   fe=$("$PY" -c "import importlib.metadata as m, os; f=[p for p in m.files('nvidia-cudnn-frontend') if str(p).endswith('include/cudnn_frontend.h')]; print(os.path.dirname(f[0].locate()))")
@@ -93,7 +96,7 @@ log "configuring (core only, CUDA architectures $archs, benchmarks $bench)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DSAPIENS_SEG_BUILD_IO=OFF -DSAPIENS_SEG_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
   -DSAPIENS_SEG_BUILD_BENCHMARKS=$bench -DSAPIENS_SEG_PYTHON="$PY" \
-  -DCMAKE_PREFIX_PATH="$carry/json;$gtest_prefix" \
+  -DCMAKE_PREFIX_PATH="$carry/json;$carry/zlib;$gtest_prefix" \
   -DSAPIENS_SEG_CUDNN_FRONTEND_INCLUDE="$carry/cudnn_frontend/include" >"$OUT/configure.log" 2>&1 ||
   { tail -40 "$OUT/configure.log"; exit 1; }
 grep -E "sapiens-seg:" "$OUT/configure.log" >&2 || true

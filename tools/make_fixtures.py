@@ -18,6 +18,7 @@ Output layout under --out DIR:
 
     tiny_a_torchscript.pt2, tiny_b_torchscript.pt2 [, wide_0.3b_torchscript.pt2 with --wide]
     broken_*.pt2                  damaged variants of tiny_a, one per loader failure mode
+    tiny_a_deflated.pt2           tiny_a re-zipped with ZIP_DEFLATED (valid: torch reads it)
     cards/<fixture>.json          model cards (nlohmann/json schema 1), plus broken-wrong-hash.json
     images/synth_*.png            deterministic synthetic test images
     images/<example>.jpg|png      copies of the real photos used (examples/ and --images)
@@ -529,7 +530,48 @@ def build_fixture(name: str, out_dir: Path) -> tuple[FixtureConfig, SapiensV1Seg
 BROKEN_FILES = (
     "broken_truncated.pt2", "broken_not_zip.pt2", "broken_missing_tensor.pt2",
     "broken_unexpected_tensor.pt2", "broken_wrong_shape.pt2", "broken_wrong_dtype.pt2",
+    "broken_flipped_byte.pt2",
 )
+# Not broken: tiny_a re-zipped with ZIP_DEFLATED (torch.jit.load reads it; the C++ reader must).
+DEFLATED_FILE = "tiny_a_deflated.pt2"
+
+
+def _record_data_offset(blob: bytes, info: zipfile.ZipInfo) -> int:
+    """Where a record's bytes start: after its local header, whose extra field (torch pads it
+    to align the data) may differ in length from the central directory's."""
+    h = info.header_offset
+    check(blob[h:h + 4] == b"PK\x03\x04", f"no local header for {info.filename}")
+    name_len = int.from_bytes(blob[h + 26:h + 28], "little")
+    extra_len = int.from_bytes(blob[h + 28:h + 30], "little")
+    return h + 30 + name_len + extra_len
+
+
+def write_flipped_byte(tiny_a_path: Path, path: Path) -> str:
+    """tiny_a with one bit flipped in the middle of the largest tensor record: torch.jit.load
+    reads it without complaint (it checks no CRC), so only the record's CRC-32 can tell.
+    Returns the record's name."""
+    blob = bytearray(tiny_a_path.read_bytes())
+    with zipfile.ZipFile(tiny_a_path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    check(info.compress_type == zipfile.ZIP_STORED, f"{info.filename} is not stored")
+    blob[_record_data_offset(bytes(blob), info) + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(blob))
+    return info.filename
+
+
+def write_deflated(tiny_a_path: Path, path: Path) -> None:
+    """Every record of tiny_a, same names and order, re-written by Python's zipfile with
+    ZIP_DEFLATED (what `zip -r` or a repackaging tool does to an archive)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tiny_a_path) as src, \
+            zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    tmp.replace(path)
+    with zipfile.ZipFile(path) as z:
+        check(all(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist()),
+              f"{path.name}: a record is not deflated")
+        check(z.testzip() is None, f"{path.name}: a record fails its CRC")
 
 
 def _probe(path: Path, cfg: FixtureConfig) -> dict:
@@ -603,6 +645,9 @@ def write_broken_variants(model_a: SapiensV1Seg, cfg_a: FixtureConfig, tiny_a_pa
     ts.backbone.ln1.weight = nn.Parameter(ts.backbone.ln1.weight.detach().double())
     ts.save(str(p_dtype))
 
+    p_flip = out_dir / "broken_flipped_byte.pt2"
+    flipped = write_flipped_byte(tiny_a_path, p_flip)
+
     summaries: list[tuple[Path, str]] = []
 
     # Verify each variant against what its name claims.
@@ -651,6 +696,12 @@ def write_broken_variants(model_a: SapiensV1Seg, cfg_a: FixtureConfig, tiny_a_pa
     fwd = "forward fails" if not r["runs"] else "forward still runs"
     summaries.append((p_dtype, f"loads; backbone.ln1.weight is float64; {fwd}"
                                + (f" ({r['error']})" if r["error"] else "")))
+
+    r = _probe(p_flip, cfg_a)
+    check(r["loads"] and r["runs"], f"{p_flip.name}: torch should load and run it ({r['error']})")
+    with zipfile.ZipFile(p_flip) as z:
+        check(z.testzip() == flipped, f"{p_flip.name}: zipfile does not see the bad CRC")
+    summaries.append((p_flip, f"torch loads and runs it; {flipped} fails its CRC-32"))
     return summaries
 
 
@@ -924,6 +975,16 @@ def build_all(out_dir: Path, wide: bool = False, images: list[Path] | None = Non
             for p, line in result["broken"]:
                 log(f"[broken] {p.name}: {line}")
                 result["files"].append(p)
+            p_defl = out_dir / DEFLATED_FILE
+            write_deflated(path, p_defl)
+            x = example_input(cfg)
+            with torch.no_grad():
+                same = torch.equal(torch.jit.load(str(p_defl), map_location="cpu")(x),
+                                   torch.jit.load(str(path), map_location="cpu")(x))
+            check(same, f"{p_defl.name}: torch.jit.load gives other outputs than the original")
+            log(f"[deflated] {p_defl.name}: every record deflated; torch.jit.load reads it, "
+                f"same outputs")
+            result["files"].append(p_defl)
         del model
         if refs:
             t0 = time.time()

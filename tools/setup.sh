@@ -33,6 +33,7 @@ APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config
   libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
   libssl-dev libcurl4-openssl-dev
+  zlib1g-dev libisal-dev   # checkpoint records: inflation and CRC-32 (ISA-L: the fast CRC)
   python3-dev python3-venv # the venv, and Python.h for the binding
 )
 

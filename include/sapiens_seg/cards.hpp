@@ -42,8 +42,15 @@ struct Card {
   std::string source;  // the card file it was read from
 };
 
-// Every card visible now (bundled + SAPIENS_SEG_CARDS), sorted by id.
+// Every card visible now (bundled + SAPIENS_SEG_CARDS), sorted by id. Card files that cannot be
+// read are skipped, with one warning each on stderr (see broken_cards).
 SAPIENS_SEG_API std::vector<Card> list_cards();
+// The card files list_cards skipped, with why.
+struct BrokenCard {
+  std::string path;
+  std::string error;  // the message naming the file and the field
+};
+SAPIENS_SEG_API std::vector<BrokenCard> broken_cards();
 // The card for `id` (a trailing "@revision" must match the card's revision). Throws
 // Error(kNotFound) listing the known ids.
 SAPIENS_SEG_API Card find_card(const std::string& id);

@@ -42,8 +42,12 @@ struct WeightsStatus {
   std::string path;      // where the file is, or where a download would put it
   std::string location;  // "weights_path", "cache", "hf_cache" or "" when absent
   bool present = false;
-  bool verified = false;  // its stamp (or a fresh hash) matches the card
-  std::string sha256;     // the hash that was checked ("" when absent or not checked)
+  bool verified = false;   // its stamp (or a fresh hash) matches the card
+  std::string sha256;      // the hash that was checked ("" when absent or not checked)
+  std::uint64_t size = 0;  // the file's size in bytes (when present)
+  // Why the file cannot be the card's (its size differs, its last verification failed); ""
+  // when nothing is known against it.
+  std::string problem;
 };
 
 // $SAPIENS_SEG_HOME, else $XDG_CACHE_HOME/sapiens-seg, else ~/.cache/sapiens-seg.
@@ -59,6 +63,13 @@ SAPIENS_SEG_API std::string fetch(const std::string& id, const FetchOptions& opt
 // Re-hashes the file whatever its stamp says. Throws Error(kNotFound) when absent and
 // Error(kChecksumMismatch) with both hashes when it differs.
 SAPIENS_SEG_API WeightsStatus verify(const std::string& id);
+
+// Re-hashes the checkpoint at `path` and records its content in its stamp. A file named as a card's
+// file is checked against that card (Error(kChecksumMismatch) when it differs); another file is
+// recognised as a card's file by size and SHA-256, or else accepted as it is now: a checkpoint
+// without a card is held to the hash recorded here, so this is how a file replaced on purpose is
+// accepted. `id` is the card's id ("" for none), `verified` whether a pinned hash matched.
+SAPIENS_SEG_API WeightsStatus verify_file(const std::string& path);
 
 // Deletes the file, its partial download and its stamp from the project cache (never from
 // SAPIENS_SEG_WEIGHTS_PATH or the Hugging Face cache). Returns false when nothing was there.

@@ -130,14 +130,6 @@ bool looks_like_path(const std::string& s) {
   return false;
 }
 
-std::optional<Card> card_for_file(const std::string& path) {
-  const std::string name = fs::path(path).filename().string();
-  for (auto& c : list_cards()) {
-    if (c.file == name) return c;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 namespace {
@@ -209,6 +201,22 @@ Loaded load_v1(Model::Impl& impl, const std::string& path, const std::optional<C
     hints.heads = card->heads;
     hints.grid_h = card->input_height / card->patch;
     hints.grid_w = card->input_width / card->patch;
+    // The card's input size fixes the position embedding's grid: a checkpoint trained at
+    // another size is not the card's.
+    if (auto it = ckpt.tensors.find("backbone.pos_embed");
+        it != ckpt.tensors.end() && it->second.dim() == 3 &&
+        it->second.size(1) != *hints.grid_h * *hints.grid_w) {
+      throw Error(ErrorCode::kFormatError,
+                  path + ": the card '" + card->id + "' (" + card->source +
+                      ") gives the input size " + std::to_string(card->input_height) + "x" +
+                      std::to_string(card->input_width) + ", a " + std::to_string(*hints.grid_h) +
+                      "x" + std::to_string(*hints.grid_w) + " grid of " +
+                      std::to_string(*hints.grid_h * *hints.grid_w) +
+                      " patches, but the checkpoint's position embedding has " +
+                      std::to_string(it->second.size(1)) +
+                      " tokens: the card does not describe this checkpoint (correct its input "
+                      "size, or rename the file so that no card claims it)");
+    }
   }
   if (ckpt.heads_from_graph) {
     if (hints.heads && *hints.heads != *ckpt.heads_from_graph) {
@@ -290,11 +298,22 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   if (looks_like_path(id_or_path)) {
     path = id_or_path;
     // A file that is a known checkpoint (by name) is held to its card: licence and hash.
-    card = card_for_file(path);
+    card = io::card_for_file_name(path);
     if (card) {
       io::check_license(*card, gate);
       if (!fs::exists(path)) throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
       sha256 = io::verify_weights(*card, path, gate);
+    } else if (fs::is_regular_file(path)) {
+      // Under another name it is still a card's file when its size and SHA-256 are (a renamed
+      // copy): the same licence gate. Safetensors carry no checksum of their own, so they are
+      // always hashed and held to their first hash; TorchScript records carry CRC-32s, which
+      // the archive reader checks.
+      const io::Identified found = io::identify_by_content(path, detect_family(path) == "sapiens2");
+      sha256 = found.sha256;
+      if (found.card) {
+        card = found.card;
+        io::check_license(*card, gate);
+      }
     }
   } else {
     card = find_card(id_or_path);

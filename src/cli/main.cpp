@@ -4,10 +4,13 @@
 // found, 12 checksum mismatch, 13 download failed, 14 offline, 15 licence not accepted, 16 backend
 // unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error).
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -78,13 +81,35 @@ std::string human_size(std::optional<std::uint64_t> bytes) {
   return buf;
 }
 
+// The cards as an aligned table, then the card files that could not be read.
 int run_models_list() {
+  std::vector<std::array<std::string, 5>> rows = {{"ID", "LICENCE", "SIZE", "SHA-256", "WEIGHTS"}};
   for (const Card& c : list_cards()) {
     const WeightsStatus s = weights_status(c.id);
-    std::cout << c.id << "  " << c.license_id << (c.commercial_use ? "" : " (non-commercial)")
-              << "  " << human_size(c.size) << "  sha256 "
-              << (c.sha256 ? c.sha256->substr(0, 12) + "..." : std::string("NOT PINNED")) << "  "
-              << (s.present ? "present: " + s.path : std::string("not downloaded")) << "\n";
+    std::string weights = "not downloaded";
+    if (s.present && !s.problem.empty()) {
+      weights = "BAD (" + s.problem + "): " + s.path;
+    } else if (s.present) {
+      weights = (s.verified ? "verified: " : "present, not verified yet: ") + s.path;
+    }
+    rows.push_back(
+        {c.id, c.license_id + (c.commercial_use ? "" : " (non-commercial)"), human_size(c.size),
+         c.sha256 ? c.sha256->substr(0, 12) + "..." : std::string("NOT PINNED"), weights});
+  }
+  std::array<std::size_t, 5> width{};
+  for (const auto& r : rows) {
+    for (std::size_t k = 0; k < r.size(); ++k) width[k] = std::max(width[k], r[k].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t k = 0; k < r.size(); ++k) {
+      line += r[k];
+      if (k + 1 < r.size()) line += std::string(width[k] - r[k].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+  for (const BrokenCard& b : broken_cards()) {
+    std::cout << "BROKEN CARD " << b.path << ": " << b.error << "\n";
   }
   return 0;
 }
@@ -104,7 +129,24 @@ int run_models_download(const std::string& id, bool use_hf_token) {
   return 0;
 }
 
+// `models verify [ID|PATH]`: re-hash the downloaded weights (all, one card's) or one checkpoint
+// file, which also accepts a file without a card as it is now.
 int run_models_verify(const std::string& id) {
+  std::error_code ec;
+  if (!id.empty() && std::filesystem::is_regular_file(id, ec)) {
+    const WeightsStatus s = verify_file(id);
+    std::cout << (s.id.empty() ? std::string("(no card)") : s.id) << "  "
+              << (s.verified     ? "OK"
+                  : s.id.empty() ? "RECORDED"
+                                 : "UNPINNED")
+              << "  sha256 " << s.sha256 << "  " << s.path << "\n";
+    if (s.id.empty()) {
+      std::cerr << "sapiens-seg: " << s.path
+                << " matches no model card; its content is recorded as it is now, and later "
+                   "loads refuse other content under this path\n";
+    }
+    return 0;
+  }
   std::vector<std::string> ids;
   if (!id.empty()) {
     ids.push_back(id);
@@ -256,8 +298,11 @@ int main(int argc, char** argv) try {
   m_download->add_option("id", model_id, "card id")->required();
   m_download->add_flag("--use-hf-token", use_hf_token,
                        "send $HF_TOKEN (also SAPIENS_SEG_USE_HF_TOKEN=1)");
-  auto* m_verify = m->add_subcommand("verify", "re-hash downloaded weights (all, or one id)");
-  m_verify->add_option("id", model_id, "card id");
+  auto* m_verify = m->add_subcommand(
+      "verify",
+      "re-hash downloaded weights (all, or one id), or a checkpoint file (PATH): this also "
+      "accepts the new content of a file without a card");
+  m_verify->add_option("id", model_id, "card id or checkpoint path");
   auto* m_path = m->add_subcommand("path", "print where a model's weights are (or would go)");
   m_path->add_option("id", model_id, "card id")->required();
   auto* m_rm = m->add_subcommand("rm", "delete a model's weights from the cache");

@@ -2,8 +2,10 @@
 #include "sapiens_seg/cards.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,7 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <mutex>
+#include <set>
+
 #include "cards_parse.hpp"
+#include "log.hpp"
 #include "paths.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -71,8 +77,15 @@ std::array<float, 3> triple(const json& j, const char* key, const std::string& f
 }  // namespace
 
 Card read_card(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw Error(ErrorCode::kFormatError, "card " + path + " is a directory, not a file");
+  }
   std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::kNotFound, "cannot open card " + path);
+  if (!in) {
+    throw Error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                "cannot open card " + path + ": " + std::strerror(errno));
+  }
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return io::parse_card(text, path);
 }
@@ -191,7 +204,18 @@ Card parse_card(const std::string& text, const std::string& path) {
 
 }  // namespace io
 
-std::vector<Card> list_cards() {
+namespace {
+
+struct Scan {
+  std::vector<Card> cards;
+  std::vector<BrokenCard> broken;
+};
+
+// Every card file of every card folder. A card that cannot be read (not JSON, a missing or
+// mistyped field, an empty file, a folder named x.json, no permission) is set aside with the
+// reason, so that one bad file in SAPIENS_SEG_CARDS does not take every command down with it.
+Scan scan_cards() {
+  Scan out;
   // Earlier folders win: SAPIENS_SEG_CARDS overrides the bundled cards.
   std::map<std::string, Card> by_id;
   for (const auto& dir : io::card_dirs()) {
@@ -202,21 +226,49 @@ std::vector<Card> list_cards() {
     }
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
-      Card c = read_card(f.string());
-      by_id.emplace(c.id, std::move(c));
+      std::error_code fec;
+      if (fs::is_directory(f, fec)) {
+        out.broken.push_back({f.string(), "card " + f.string() + " is a directory, not a file"});
+        continue;
+      }
+      try {
+        Card c = read_card(f.string());
+        by_id.emplace(c.id, std::move(c));
+      } catch (const Error& e) {
+        out.broken.push_back({f.string(), e.what()});
+      }
     }
   }
-  std::vector<Card> out;
-  out.reserve(by_id.size());
-  for (auto& [id, c] : by_id) out.push_back(std::move(c));
+  out.cards.reserve(by_id.size());
+  for (auto& [id, c] : by_id) out.cards.push_back(std::move(c));
+  // One warning per broken file and reason in a process, however often the cards are listed.
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  for (const auto& b : out.broken) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (warned.insert(b.path + "\n" + b.error).second) {
+      io::log(io::Level::kWarn, "skipping a broken model card: " + b.error);
+    }
+  }
   return out;
+}
+
+}  // namespace
+
+std::vector<Card> list_cards() {
+  return scan_cards().cards;
+}
+
+std::vector<BrokenCard> broken_cards() {
+  return scan_cards().broken;
 }
 
 Card find_card(const std::string& id_with_rev) {
   const auto at = id_with_rev.find('@');
   const std::string id = id_with_rev.substr(0, at);
   const std::string rev = at == std::string::npos ? "" : id_with_rev.substr(at + 1);
-  const auto cards = list_cards();
+  const Scan scan = scan_cards();
+  const auto& cards = scan.cards;
   for (const auto& c : cards) {
     if (c.id != id) continue;
     if (!rev.empty() && c.revision.rfind(rev, 0) != 0) {
@@ -230,6 +282,7 @@ Card find_card(const std::string& id_with_rev) {
   os << "unknown model '" << id << "'. Known models:";
   for (const auto& c : cards) os << ' ' << c.id;
   os << ". Add card folders with SAPIENS_SEG_CARDS, or pass a checkpoint path.";
+  for (const auto& b : scan.broken) os << "\n  skipped broken card: " << b.error;
   throw Error(ErrorCode::kNotFound, os.str());
 }
 

@@ -30,8 +30,10 @@ void check_license(const Card& card, const GateOptions& gate) {
               "model '" + card.id + "' is licensed " + card.license_id +
                   " (non-commercial use only" +
                   (card.license_url.empty() ? std::string() : ", " + card.license_url) +
-                  "). Accept the licence with SAPIENS_SEG_NONCOMMERCIAL=1, the CLI flag "
-                  "--accept-noncommercial, or LoadOptions::accept_noncommercial = true.");
+                  "). Accept the licence with accept_noncommercial=True (Python: "
+                  "segmentation.load(..., accept_noncommercial=True)), the CLI flag "
+                  "--accept-noncommercial, LoadOptions::accept_noncommercial = true (C++), or "
+                  "SAPIENS_SEG_NONCOMMERCIAL=1 in the environment.");
 }
 
 bool show_license_notice(const Card& card) {
@@ -58,12 +60,18 @@ bool offline() {
   return env_flag("SAPIENS_SEG_OFFLINE") || env_flag("HF_HUB_OFFLINE");
 }
 
+namespace {
+std::string hub_endpoint() {
+  std::string endpoint = env("HF_ENDPOINT");
+  if (endpoint.empty()) endpoint = "https://huggingface.co";
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  return endpoint;
+}
+}  // namespace
+
 std::string download_url(const Card& card) {
   if (!card.repo.empty() && !card.revision.empty()) {
-    std::string endpoint = env("HF_ENDPOINT");
-    if (endpoint.empty()) endpoint = "https://huggingface.co";
-    while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-    return endpoint + "/" + card.repo + "/resolve/" + card.revision + "/" + card.path_in_repo;
+    return hub_endpoint() + "/" + card.repo + "/resolve/" + card.revision + "/" + card.path_in_repo;
   }
   return card.url;
 }
@@ -99,6 +107,12 @@ std::string placement_hint(const Card& card) {
   os << "\n  put it in " << (fs::path(cache_dir()) / "weights").string()
      << "/ or in a folder named by SAPIENS_SEG_WEIGHTS_PATH.\n  looked in:";
   for (const auto& p : candidates(card)) os << "\n    " << p.path;
+  if (!card.repo.empty() && !card.revision.empty()) {
+    os << "\n  or, with network access (SAPIENS_SEG_OFFLINE and HF_HUB_OFFLINE unset), fetch it "
+          "with `sapiens-seg models download "
+       << card.id << "` from HF_ENDPOINT (now " << hub_endpoint()
+       << "; set HF_ENDPOINT to use a mirror of the Hugging Face Hub)";
+  }
   return os.str();
 }
 
@@ -130,39 +144,54 @@ std::int64_t now_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-std::optional<std::string> read_stamp(const std::string& path) {
+// A stamp: what the file at a path was when it was last hashed.
+struct Stamp {
+  FileId id;
+  std::int64_t stamped_ns = 0;
+  std::string sha256;
+  std::string card;    // the card it was verified against, "" for a file of no card
+  bool fresh = false;  // the file's size, inode and mtime are still those recorded
+};
+
+std::optional<Stamp> load_stamp(const std::string& path) {
   const auto id = file_id(path);
   std::ifstream in(stamp_path(path));
   if (!id || !in) return std::nullopt;
   try {
     const auto j = nlohmann::json::parse(in);
+    Stamp s;
+    s.id = {j.at("size").get<std::uint64_t>(), j.at("inode").get<std::uint64_t>(),
+            j.at("mtime_ns").get<std::int64_t>()};
+    s.stamped_ns = j.at("stamped_ns").get<std::int64_t>();
+    s.sha256 = j.at("sha256").get<std::string>();
+    if (j.contains("card") && j.at("card").is_string()) s.card = j.at("card").get<std::string>();
     // Like git's racy-clean rule: a file modified less than two seconds before its stamp was
     // written may have changed again within the timestamp granularity, so it is hashed again.
-    const bool racy = id->mtime_ns + 2'000'000'000LL > j.at("stamped_ns").get<std::int64_t>();
-    if (!racy && j.at("size").get<std::uint64_t>() == id->size &&
-        j.at("inode").get<std::uint64_t>() == id->inode &&
-        j.at("mtime_ns").get<std::int64_t>() == id->mtime_ns) {
-      return j.at("sha256").get<std::string>();
-    }
+    const bool racy = id->mtime_ns + 2'000'000'000LL > s.stamped_ns;
+    s.fresh =
+        !racy && s.id.size == id->size && s.id.inode == id->inode && s.id.mtime_ns == id->mtime_ns;
+    return s;
   } catch (const nlohmann::json::exception&) {
     // A damaged stamp is only a lost shortcut: hash again.
   }
   return std::nullopt;
 }
 
-void write_stamp(const std::string& path, const std::string& sha) {
+void write_stamp(const std::string& path, const std::string& sha, const std::string& card_id) {
   const auto id = file_id(path);
   if (!id) return;
   const fs::path sp = stamp_path(path);
   std::error_code ec;
   fs::create_directories(sp.parent_path(), ec);
-  const std::string text = nlohmann::json{
-      {"path", fs::absolute(path, ec).string()},
-      {"size", id->size},
-      {"inode", id->inode},
-      {"mtime_ns", id->mtime_ns},
-      {"stamped_ns", now_ns()},
-      {"sha256", sha}}.dump(2);
+  const std::string text =
+      nlohmann::json{{"path", fs::absolute(path, ec).string()},
+                     {"size", id->size},
+                     {"inode", id->inode},
+                     {"mtime_ns", id->mtime_ns},
+                     {"stamped_ns", now_ns()},
+                     {"sha256", sha},
+                     {"card", card_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(card_id)}}
+          .dump(2);
   try {
     write_file_atomic(sp.string(), text.data(), text.size());
   } catch (const Error& e) {
@@ -232,6 +261,12 @@ void check_verifiable(const Card& card, const GateOptions& gate) {
 }
 }  // namespace
 
+std::optional<std::string> read_stamp(const std::string& path) {
+  auto s = load_stamp(path);
+  if (s && s->fresh) return s->sha256;
+  return std::nullopt;
+}
+
 void remove_stamp(const std::string& path) {
   std::error_code ec;
   fs::remove(stamp_path(path), ec);
@@ -256,7 +291,7 @@ std::string verify_weights(const Card& card, const std::string& path, const Gate
   if (!card.sha256) {
     log(Level::kWarn, "unverified weights for '" + card.id + "': sha256 " + *actual + " (" + path +
                           "); add it to the card to pin this file");
-    write_stamp(path, *actual);
+    write_stamp(path, *actual, card.id);
     return *actual;
   }
   if (*actual != *card.sha256) {
@@ -265,8 +300,85 @@ std::string verify_weights(const Card& card, const std::string& path, const Gate
                     *card.sha256 + "\n  actual   sha256 " + *actual +
                     "\n  the file is corrupt or not the one the card describes; it was not used");
   }
-  write_stamp(path, *actual);
+  write_stamp(path, *actual, card.id);
   return *actual;
+}
+
+std::optional<Card> card_for_file_name(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  for (auto& c : list_cards()) {
+    if (c.file == name) return c;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// The cards with a pinned hash whose file has `size` bytes: only such a file needs hashing to be
+// recognised.
+std::vector<Card> cards_of_size(std::uint64_t size) {
+  std::vector<Card> out;
+  for (auto& c : list_cards()) {
+    if (c.size && *c.size == size && c.sha256) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string accept_hint(const std::string& path) {
+  return "`sapiens-seg models verify " + path + "` (or `python -m sapiens_seg models verify " +
+         path + "`), or delete " + stamp_path(path).string();
+}
+
+}  // namespace
+
+Identified identify_by_content(const std::string& path, bool always_hash) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw Error(ErrorCode::kNotFound, "cannot read " + path + ": " + ec.message());
+  const std::vector<Card> same_size = cards_of_size(size);
+  Identified out;
+  if (same_size.empty() && !always_hash) return out;  // nothing to match, no hash asked for
+
+  const std::optional<Stamp> stamp = load_stamp(path);
+  if (stamp && stamp->fresh) {
+    out.sha256 = stamp->sha256;
+  } else {
+    log(Level::kInfo, "hashing " + path + " (SHA-256)");
+    out.sha256 = sha256_file(path);
+  }
+  for (const Card& c : same_size) {
+    if (*c.sha256 == out.sha256) {
+      out.card = c;
+      out.by_content = true;
+      if (!stamp || !stamp->fresh || stamp->card != c.id) {
+        log(Level::kInfo, path + " is the file of model '" + c.id +
+                              "' (same size and SHA-256): its card's licence applies");
+        write_stamp(path, out.sha256, c.id);
+      }
+      return out;
+    }
+  }
+  if (stamp && stamp->fresh) return out;
+  // A file of no card is held to the content it had when it was first used here: a later change
+  // under the same path (noticed when its size, mtime or inode change) is refused.
+  if (stamp && stamp->sha256 != out.sha256) {
+    throw Error(ErrorCode::kChecksumMismatch,
+                "the content of " + path + " changed since it was first used here:\n  sha256 " +
+                    stamp->sha256 + " then" +
+                    (stamp->card.empty() ? "" : " (" + stamp->card + ")") + "\n  sha256 " +
+                    out.sha256 +
+                    " now\n  a checkpoint without a model card is held to the hash of its first "
+                    "use. If you replaced the file on purpose, accept its new content with " +
+                    accept_hint(path) + "; otherwise the file is damaged: restore it.");
+  }
+  if (!stamp) {
+    log(Level::kWarn, path + " matches no model card; its SHA-256 is " + out.sha256 +
+                          ", recorded now: a later change of its content under this path is "
+                          "refused until you accept it with `sapiens-seg models verify " +
+                          path + "`");
+  }
+  write_stamp(path, out.sha256, "");
+  return out;
 }
 
 Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
@@ -305,7 +417,7 @@ Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOp
   try {
     const DownloadResult r = download(req);
     if (r.transferred) {
-      write_stamp(req.dest, r.sha256);
+      write_stamp(req.dest, r.sha256, card.id);
       if (!card.sha256) {
         log(Level::kWarn, "unverified weights for '" + card.id + "': sha256 " + r.sha256 +
                               "; add it to the card to pin this file");
@@ -339,6 +451,17 @@ WeightsStatus weights_status(const std::string& id) {
     s.path = found->path;
     s.location = found->location;
     s.present = true;
+    std::error_code ec;
+    s.size = fs::file_size(s.path, ec);
+    if (card.size && s.size != *card.size) {
+      s.problem = "wrong size: " + std::to_string(s.size) + " bytes, the card says " +
+                  std::to_string(*card.size) + " (incomplete or another file)";
+    } else if (card.sha256) {
+      // No hashing here: only a stamp that still fits the file says it is verified.
+      const auto stamped = io::read_stamp(s.path);
+      s.verified = stamped && *stamped == *card.sha256;
+      if (stamped && !s.verified) s.problem = "its last verification failed";
+    }
   }
   return s;
 }
@@ -360,6 +483,34 @@ WeightsStatus verify(const std::string& id) {
   }
   s.sha256 = io::verify_weights(card, s.path, {.allow_unverified = true}, /*rehash=*/true);
   s.verified = card.sha256.has_value();
+  return s;
+}
+
+WeightsStatus verify_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw Error(ErrorCode::kNotFound, "checkpoint not found (or not a file): " + path);
+  }
+  WeightsStatus s;
+  s.path = path;
+  s.location = "path";
+  s.present = true;
+  s.size = fs::file_size(path, ec);
+  if (auto card = io::card_for_file_name(path)) {
+    // Its name makes it a card's file: held to that card, as at load time.
+    s.id = card->id;
+    s.sha256 = io::verify_weights(*card, path, {.allow_unverified = true}, /*rehash=*/true);
+    s.verified = card->sha256.has_value();
+    return s;
+  }
+  // Whatever the stamp says, hash again and record the file's content as it is now.
+  io::remove_stamp(path);
+  const io::Identified found = io::identify_by_content(path, /*always_hash=*/true);
+  s.sha256 = found.sha256;
+  if (found.card) {
+    s.id = found.card->id;
+    s.verified = true;
+  }
   return s;
 }
 

@@ -43,6 +43,25 @@ std::string verify_weights(const Card& card, const std::string& path, const Gate
 
 // Forgets the verification stamp of `path`.
 void remove_stamp(const std::string& path);
+// The stamp's hash when it still fits the file (size, inode, mtime), else nullopt. No hashing.
+std::optional<std::string> read_stamp(const std::string& path);
+
+// The card whose `file` is the file name of `path`, if any.
+std::optional<Card> card_for_file_name(const std::string& path);
+
+// What a checkpoint given by a path whose name matches no card is, by content.
+struct Identified {
+  std::optional<Card> card;  // the card whose file it is: same size and SHA-256
+  bool by_content = false;
+  std::string sha256;  // "" when it was not hashed
+};
+// A file is hashed (once: the stamp makes later calls free while its size, mtime and inode stay)
+// when its size equals that of a card with a pinned hash, or always with `always_hash`
+// (safetensors, which carry no checksum of their own). A hashed file that is no card's file gets
+// a stamp recording its SHA-256 (logged the first time): when it is hashed again after a change
+// (size, mtime or inode) and its content differs, Error(kChecksumMismatch) says so, with both
+// hashes and how to accept the new content (sapiens_seg::verify_file, `models verify PATH`).
+Identified identify_by_content(const std::string& path, bool always_hash);
 
 // find_weights, else (unless offline) a download into the cache; then verify_weights.
 struct Verified {

@@ -416,3 +416,103 @@ TEST(UnitApiSapiens2, ModesCardsAndRefusals) {
   EXPECT_EQ(r.width, 640);
   fs::remove_all(tmp);
 }
+
+namespace {
+// A card overlay folder holding one card: `base` (a fixture card) with `edit` applied to its text.
+fs::path card_overlay(const fs::path& dir, const std::string& base,
+                      const std::vector<std::pair<std::string, std::string>>& edits) {
+  std::ifstream in(fixture("cards/" + base));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [from, to] : edits) {
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+  }
+  fs::create_directories(dir);
+  std::ofstream(dir / base) << text;
+  return dir;
+}
+}  // namespace
+
+TEST(UnitApi, BarePathsAreCheckedByContent) {
+  const fs::path tmp = fs::temp_directory_path() / ("sapiens_seg_bare_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  ScopedEnv home("SAPIENS_SEG_HOME", (tmp / "home").string());
+  ScopedEnv nc("SAPIENS_SEG_NONCOMMERCIAL", std::nullopt);
+  ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", std::nullopt);
+  ScopedEnv offline("SAPIENS_SEG_OFFLINE", "1");
+
+  // One flipped bit in a tensor record: torch would run it; the CRC-32 refuses it.
+  expect_error([] { load(fixture("broken_flipped_byte.pt2")); }, ErrorCode::kChecksumMismatch,
+               {"broken_flipped_byte.pt2", "CRC-32", "fetch it again"});
+
+  // A non-commercial card's file under another name is that card's file: its licence applies.
+  {
+    ScopedEnv cards("SAPIENS_SEG_CARDS",
+                    card_overlay(tmp / "nc", "tiny_a.json",
+                                 {{"\"fixture-tiny-a\"", "\"fixture-nc\""},
+                                  {"\"tiny_a_torchscript.pt2\"", "\"nc_release.pt2\""},
+                                  {"\"commercial_use\": true", "\"commercial_use\": false"},
+                                  {"\"Apache-2.0\"", "\"CC-BY-NC-4.0\""}})
+                        .string());
+    const fs::path renamed = tmp / "my_model.pt2";
+    fs::copy_file(fixture("tiny_a_torchscript.pt2"), renamed);
+    expect_error([&] { load(renamed.string()); }, ErrorCode::kLicenseNotAccepted,
+                 {"fixture-nc", "CC-BY-NC-4.0", "accept_noncommercial"});
+    const Model m = load(renamed.string(), {.accept_noncommercial = true});
+    EXPECT_EQ(m.info().id, "fixture-nc");
+    EXPECT_EQ(m.info().license, "CC-BY-NC-4.0");
+    EXPECT_EQ(m.info().sha256, *find_card("fixture-nc").sha256);
+  }
+
+  // A safetensors file of no card: hashed at first use, then held to that hash.
+  const fs::path st = tmp / "own.safetensors";
+  fs::copy_file(fixture("s2_tiny.safetensors"), st);
+  fs::last_write_time(st, fs::last_write_time(st) - std::chrono::seconds(10));
+  const Model first = load(st.string());
+  EXPECT_EQ(first.info().sha256.size(), 64u);
+  EXPECT_EQ(load(st.string()).info().sha256, first.info().sha256);
+  {
+    std::fstream f(st, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-4, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-4, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x20));
+  }
+  expect_error(
+      [&] { load(st.string()); }, ErrorCode::kChecksumMismatch,
+      {"own.safetensors", "changed since it was first used", first.info().sha256, "models verify"});
+  const WeightsStatus accepted = verify_file(st.string());
+  EXPECT_NE(accepted.sha256, first.info().sha256);
+  EXPECT_EQ(load(st.string()).info().sha256, accepted.sha256);
+  fs::remove_all(tmp);
+}
+
+TEST(UnitApi, DeflatedArchivesLoadInEveryMode) {
+  const auto img = Input::file(fixture("images/synth_300x211.png"));
+  for (const Mode mode : {Mode::kPortable, Mode::kOriginal}) {
+    const Result a =
+        load(fixture("tiny_a_torchscript.pt2"), {.mode = mode}).segment(img, {.raw_logits = true});
+    const Result b =
+        load(fixture("tiny_a_deflated.pt2"), {.mode = mode}).segment(img, {.raw_logits = true});
+    EXPECT_EQ(a.raw_logits, b.raw_logits);
+    EXPECT_EQ(a.labels, b.labels);
+  }
+}
+
+TEST(UnitApi, ACardThatDisagreesWithItsCheckpointSaysSo) {
+  const fs::path tmp = fs::temp_directory_path() / ("sapiens_seg_size_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  ScopedEnv home("SAPIENS_SEG_HOME", (tmp / "home").string());
+  // Tiny-B's card with Tiny-A's input size and no pinned hash (loaded by its file name).
+  ScopedEnv cards("SAPIENS_SEG_CARDS", card_overlay(tmp / "cards", "tiny_b.json",
+                                                    {{"\"height\": 1024", "\"height\": 256"},
+                                                     {"\"width\": 768", "\"width\": 192"}})
+                                           .string());
+  expect_error([] { load(fixture("tiny_b_torchscript.pt2")); }, ErrorCode::kFormatError,
+               {"the card 'fixture-tiny-b'", "gives the input size 256x192", "16x12 grid",
+                "position embedding has 3072 tokens", "does not describe this checkpoint"});
+  fs::remove_all(tmp);
+}

@@ -5,7 +5,13 @@
 #include <ATen/ATen.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
+#include <random>
+#include <set>
+
+#include <zlib.h>
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
@@ -14,6 +20,7 @@
 #include "core/tensor_ops.hpp"
 #include "core/torchscript_archive.hpp"
 #include "core/v1/vit_seg.hpp"
+#include "core/zip_codec.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
 
@@ -361,27 +368,59 @@ void put32(std::string& s, std::uint32_t v) {
   put16(s, v >> 16);
 }
 
-// A zip of stored records under one top folder, as torch lays them out (without alignment
-// padding, which the reader does not need). `declared` overrides a record's size in both headers.
+// Raw DEFLATE of `data` (zlib, no header), as zip writers store method-8 records.
+std::string deflate_raw(const std::string& data) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+struct ZipOptions {
+  std::map<std::string, std::uint32_t> declared;  // a record's size in both headers
+  std::set<std::string> deflated;                 // records stored with DEFLATE
+  std::map<std::string, std::uint32_t> crc;       // a record's CRC-32 field
+  std::map<std::string, std::uint32_t> inflated;  // a record's uncompressed size alone
+  std::uint16_t flags = 0;                        // every record's general-purpose bits
+};
+
+// A zip of records under one top folder, as torch lays them out (without alignment padding,
+// which the reader does not need), with their CRC-32s.
 std::shared_ptr<const std::vector<std::uint8_t>> make_zip(
-    const std::vector<std::pair<std::string, std::string>>& files,
-    const std::map<std::string, std::uint32_t>& declared = {}) {
+    const std::vector<std::pair<std::string, std::string>>& files, const ZipOptions& o = {}) {
   std::string out, central;
-  for (const auto& [rel, data] : files) {
+  for (const auto& [rel, plain] : files) {
     const std::string name = "archive/" + rel;
-    const auto it = declared.find(rel);
+    const bool deflated = o.deflated.count(rel) != 0;
+    const std::string data = deflated ? deflate_raw(plain) : plain;
+    const auto it = o.declared.find(rel);
     const std::uint32_t size =
-        it == declared.end() ? static_cast<std::uint32_t>(data.size()) : it->second;
+        it == o.declared.end() ? static_cast<std::uint32_t>(data.size()) : it->second;
+    const auto inf = o.inflated.find(rel);
+    const std::uint32_t usize = inf != o.inflated.end()  ? inf->second
+                                : it == o.declared.end() ? static_cast<std::uint32_t>(plain.size())
+                                                         : it->second;
+    const auto c = o.crc.find(rel);
+    const std::uint32_t crc =
+        c == o.crc.end() ? core::crc32(plain.data(), plain.size()) : c->second;
+    const std::uint16_t method = deflated ? 8 : 0;
     const auto offset = static_cast<std::uint32_t>(out.size());
     out += "PK\x03\x04";
-    put16(out, 20), put16(out, 0), put16(out, 0), put16(out, 0), put16(out, 0);
-    put32(out, 0), put32(out, size), put32(out, size);
+    put16(out, 20), put16(out, o.flags), put16(out, method), put16(out, 0), put16(out, 0);
+    put32(out, crc), put32(out, size), put32(out, usize);
     put16(out, static_cast<std::uint32_t>(name.size())), put16(out, 0);
     out += name + data;
     central += "PK\x01\x02";
-    put16(central, 20), put16(central, 20), put16(central, 0), put16(central, 0);
+    put16(central, 20), put16(central, 20), put16(central, o.flags), put16(central, method);
     put16(central, 0), put16(central, 0);
-    put32(central, 0), put32(central, size), put32(central, size);
+    put32(central, crc), put32(central, size), put32(central, usize);
     put16(central, static_cast<std::uint32_t>(name.size()));
     put16(central, 0), put16(central, 0), put16(central, 0), put16(central, 0);
     put32(central, 0), put32(central, offset);
@@ -412,8 +451,9 @@ std::shared_ptr<const std::vector<std::uint8_t>> make_zip64(
     const std::string name = "archive/" + rel;
     const auto offset = static_cast<std::uint64_t>(out.size());
     out += "PK\x03\x04";
+    const std::uint32_t crc = core::crc32(data.data(), data.size());
     put16(out, 45), put16(out, 0), put16(out, 0), put16(out, 0), put16(out, 0);
-    put32(out, 0), put32(out, 0xFFFFFFFF), put32(out, 0xFFFFFFFF);
+    put32(out, crc), put32(out, 0xFFFFFFFF), put32(out, 0xFFFFFFFF);
     put16(out, static_cast<std::uint32_t>(name.size())), put16(out, 20);
     out += name;
     put16(out, 1), put16(out, 16), put64(out, data.size()), put64(out, data.size());
@@ -421,7 +461,7 @@ std::shared_ptr<const std::vector<std::uint8_t>> make_zip64(
     central += "PK\x01\x02";
     put16(central, 45), put16(central, 45), put16(central, 0), put16(central, 0);
     put16(central, 0), put16(central, 0);
-    put32(central, 0), put32(central, 0xFFFFFFFF), put32(central, 0xFFFFFFFF);
+    put32(central, crc), put32(central, 0xFFFFFFFF), put32(central, 0xFFFFFFFF);
     put16(central, static_cast<std::uint32_t>(name.size()));
     put16(central, 28), put16(central, 0), put16(central, 0), put16(central, 0);
     put32(central, 0), put32(central, 0xFFFFFFFF);
@@ -529,7 +569,8 @@ TEST(UnitArchive, HandBuiltArchive) {
 
   const auto half = make_zip(
       {{"data.pkl", pickle_tensor("HalfStorage", 4, 4)}, {"data/0", std::string(8, '\0')}});
-  EXPECT_EQ(core::TorchScriptArchive::from_buffer(half).tensors()[0].dtype, at::kHalf);
+  EXPECT_EQ(core::TorchScriptArchive::from_buffer(half).tensors()[0].dtype,
+            core::ArchiveDtype::kF16);
 }
 
 TEST(UnitArchive, Zip64Directory) {
@@ -544,7 +585,7 @@ TEST(UnitArchive, TruncatedRecordsAndArchives) {
   // A record declaring more bytes than lie before the directory.
   const auto zip =
       make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 4)}, {"data/0", floats({1.f, 2.f})}},
-               {{"data/0", 4096}});
+               {.declared = {{"data/0", 4096}}});
   expect_format_error([&] { core::TorchScriptArchive::from_buffer(zip, "cut.pt2"); },
                       {"cut.pt2", "data/0' is truncated", "4096 bytes declared"});
   // A storage larger than its record.
@@ -608,7 +649,7 @@ TEST(UnitArchive, StorageDtypes) {
   const auto dbl = make_zip(
       {{"data.pkl", pickle_tensor("DoubleStorage", 2, 2)}, {"data/0", std::string(16, '\0')}});
   const auto a = core::TorchScriptArchive::from_buffer(dbl);
-  EXPECT_EQ(a.tensors()[0].dtype, at::kDouble);
+  EXPECT_EQ(a.tensors()[0].dtype, core::ArchiveDtype::kF64);
   EXPECT_EQ(a.tensor(a.tensors()[0]).scalar_type(), at::kDouble);
   // The same bytes declared as more doubles than they hold.
   const auto big = make_zip(
@@ -622,4 +663,154 @@ TEST(UnitArchive, StorageDtypes) {
   // A wrong (float64) parameter in a real archive reaches the layout check with its dtype.
   const auto ck = core::open_torchscript(fixture("broken_wrong_dtype.pt2"));
   EXPECT_EQ(ck.tensors.at("backbone.ln1.weight").scalar_type(), at::kDouble);
+}
+
+TEST(UnitZipCodec, Crc32AgreesWithZlibAndCombines) {
+  std::mt19937 rng(7);
+  std::vector<std::uint8_t> buf(3 * 1024 * 1024 + 17);
+  for (auto& b : buf) b = static_cast<std::uint8_t>(rng());
+  const auto zlib_crc = static_cast<std::uint32_t>(::crc32_z(0, buf.data(), buf.size()));
+  EXPECT_EQ(core::crc32(buf.data(), buf.size()), zlib_crc) << core::crc32_implementation();
+  EXPECT_EQ(core::crc32("123456789", 9), 0xCBF43926u);  // the standard check value
+  EXPECT_EQ(core::crc32(nullptr, 0), 0u);
+  for (const std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, buf.size()}) {
+    const std::uint32_t a = core::crc32(buf.data(), cut);
+    const std::uint32_t b = core::crc32(buf.data() + cut, buf.size() - cut);
+    EXPECT_EQ(core::crc32_combine(a, b, buf.size() - cut), zlib_crc) << cut;
+    EXPECT_EQ(core::crc32(buf.data() + cut, buf.size() - cut, a), zlib_crc) << cut;
+  }
+}
+
+TEST(UnitZipCodec, InflateRawChecksTheDeclaredSize) {
+  std::string plain(100000, '\0');
+  for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<char>((i * 7) % 251);
+  const std::string packed = deflate_raw(plain);
+  const auto* in = reinterpret_cast<const std::uint8_t*>(packed.data());
+  std::vector<std::uint8_t> out(plain.size() + 1);
+  EXPECT_EQ(core::inflate_raw(in, packed.size(), out.data(), plain.size()), "");
+  EXPECT_EQ(std::memcmp(out.data(), plain.data(), plain.size()), 0);
+  EXPECT_NE(core::inflate_raw(in, packed.size(), out.data(), plain.size() - 1).find("more than"),
+            std::string::npos);
+  EXPECT_NE(core::inflate_raw(in, packed.size(), out.data(), plain.size() + 1).find("ends after"),
+            std::string::npos);
+  EXPECT_NE(core::inflate_raw(in, packed.size() / 2, out.data(), plain.size()).find("cut short"),
+            std::string::npos);
+  const std::uint8_t junk[] = {0xff, 0xff, 0xff, 0xff};
+  EXPECT_NE(core::inflate_raw(junk, sizeof junk, out.data(), 10).find("damaged"),
+            std::string::npos);
+  const std::string empty = deflate_raw("");
+  EXPECT_EQ(core::inflate_raw(reinterpret_cast<const std::uint8_t*>(empty.data()), empty.size(),
+                              nullptr, 0),
+            "");
+}
+
+TEST(UnitArchive, EveryRecordReadIsCheckedAgainstItsCrc) {
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"data.pkl", pickle_tensor("FloatStorage", 4, 4)},
+      {"data/0", floats({1.f, 2.f, 3.f, 4.f})},
+      {"byteorder", "little"}};
+  EXPECT_NO_THROW(core::TorchScriptArchive::from_buffer(make_zip(files), "ok.pt2"));
+  // A damaged tensor record, data.pkl and byteorder: each refused, naming the record.
+  for (const char* rec : {"data/0", "data.pkl", "byteorder"}) {
+    expect_error(
+        [&] {
+          core::TorchScriptArchive::from_buffer(make_zip(files, {.crc = {{rec, 0x12345678}}}),
+                                                "bad.pt2");
+        },
+        ErrorCode::kChecksumMismatch,
+        {"corrupt checkpoint bad.pt2", rec, "CRC-32", "0x12345678", "fetch it again"});
+  }
+  // One flipped bit in the tensor bytes of a real archive (the fixture; torch.jit.load reads it
+  // without complaint).
+  expect_error([] { core::open_torchscript(fixture("broken_flipped_byte.pt2")); },
+               ErrorCode::kChecksumMismatch, {"broken_flipped_byte.pt2", "data/", "CRC-32"});
+  // The check can be switched off (to measure it), but only for tensor records.
+  EXPECT_NO_THROW(core::TorchScriptArchive::from_buffer(make_zip(files, {.crc = {{"data/0", 1}}}),
+                                                        "x", {.verify_crc = false}));
+  EXPECT_THROW(core::TorchScriptArchive::from_buffer(make_zip(files, {.crc = {{"data.pkl", 1}}}),
+                                                     "x", {.verify_crc = false}),
+               Error);
+  // torch.save without CRCs (set_crc32_options(False)) writes 0 with a data descriptor: nothing
+  // to check. A 0 without the descriptor bit is a damaged field like any other.
+  EXPECT_NO_THROW(
+      core::TorchScriptArchive::from_buffer(make_zip(files, {.crc = {{"data/0", 0}}, .flags = 8})));
+  EXPECT_THROW(core::TorchScriptArchive::from_buffer(make_zip(files, {.crc = {{"data/0", 0}}})),
+               Error);
+}
+
+TEST(UnitArchive, DeflatedRecordsAreInflated) {
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"data.pkl", pickle_tensor("FloatStorage", 4, 3, 1)},
+      {"code/__torch__/m.py", kAttnCode},
+      {"data/0", floats({1.f, 2.f, 3.f, 4.f})}};
+  const auto a = core::TorchScriptArchive::from_buffer(
+      make_zip(files, {.deflated = {"data.pkl", "code/__torch__/m.py", "data/0"}}), "z.pt2");
+  EXPECT_EQ(a.find_record("data/0")->method, 8);
+  const at::Tensor w = a.tensor(a.tensors()[0]);
+  EXPECT_TRUE(at::equal(w, at::tensor({2.f, 3.f, 4.f})));
+  EXPECT_EQ(a.attention_heads("attn"), 4);
+  // The tensor outlives the archive that inflated it.
+  at::Tensor kept;
+  {
+    const auto b =
+        core::TorchScriptArchive::from_buffer(make_zip(files, {.deflated = {"data/0"}}), "z.pt2");
+    kept = b.all().at("attn.w");
+  }
+  EXPECT_TRUE(at::equal(kept, at::tensor({2.f, 3.f, 4.f})));
+  // A damaged stream, and a size no DEFLATE stream of that length can reach.
+  expect_format_error(
+      [&] {
+        auto bytes = *make_zip(files, {.deflated = {"data/0"}});
+        const std::string name = "archive/data/0";
+        const auto at = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+        // The stream's first byte: a final block of the reserved type 3.
+        *(at + static_cast<std::ptrdiff_t>(name.size())) = 0x07;
+        core::TorchScriptArchive::from_buffer(
+            std::make_shared<const std::vector<std::uint8_t>>(std::move(bytes)), "d.pt2");
+      },
+      {"d.pt2", "cannot inflate record 'data/0'"});
+  expect_format_error(
+      [&] {
+        core::TorchScriptArchive::from_buffer(
+            make_zip(files, {.deflated = {"data/0"}, .inflated = {{"data/0", 4000000}}}));
+      },
+      {"declares 4000000 bytes", "more than DEFLATE can produce"});
+  // A whole real archive re-zipped with ZIP_DEFLATED (the fixture; torch.jit.load reads it):
+  // the same tensors as the stored original.
+  const auto stored = core::open_torchscript(fixture("tiny_a_torchscript.pt2"));
+  const auto zipped = core::open_torchscript(fixture("tiny_a_deflated.pt2"), true);
+  ASSERT_EQ(stored.tensors.size(), zipped.tensors.size());
+  for (const auto& [name, t] : stored.tensors) {
+    EXPECT_TRUE(at::equal(zipped.tensors.at(name), t)) << name;
+  }
+  EXPECT_EQ(zipped.heads_from_graph, 2);
+  EXPECT_NE(zipped.module, nullptr);
+}
+
+TEST(UnitArchive, HugeSizesAndOffsetsAreRefusedNotOverflowed) {
+  // A view of 2^62 x 2^62 elements, and one whose offset lies past its storage.
+  std::string p = "\x80\x02";
+  p += "c__torch__.m\nRoot\n)\x81}(" + unicode("w");
+  p += "ctorch._utils\n_rebuild_tensor_v2\n(";
+  p += "(" + unicode("storage") + "ctorch\nFloatStorage\n" + unicode("0") + unicode("cpu") +
+       "K\x04tQ";
+  p += std::string("K\x00", 2);
+  p += std::string("\x8a\x08") + std::string("\x00\x00\x00\x00\x00\x00\x00\x40", 8);
+  p += std::string("\x8a\x08") + std::string("\x00\x00\x00\x00\x00\x00\x00\x40", 8) + "\x86";
+  p += "K\x01K\x01\x86\x89";
+  p += "ccollections\nOrderedDict\n)Rt";
+  p += "Rub.";
+  expect_format_error(
+      [&] {
+        core::TorchScriptArchive::from_buffer(
+            make_zip({{"data.pkl", p}, {"data/0", floats({1.f, 2.f, 3.f, 4.f})}}));
+      },
+      {"tensor 'w': its sizes and strides overflow"});
+  expect_format_error(
+      [&] {
+        core::TorchScriptArchive::from_buffer(
+            make_zip({{"data.pkl", pickle_tensor("FloatStorage", 4, 0, 9)},
+                      {"data/0", floats({1.f, 2.f, 3.f, 4.f})}}));
+      },
+      {"storage offset 9 past its storage of 4 elements"});
 }

@@ -1,9 +1,11 @@
 // Unit tests of the IO layer: hashing, cards, image decoding rules, the weight store, .npy files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -143,6 +145,41 @@ TEST(UnitCards, OverlayFolderAndMalformedCards) {
   std::string evil_file = good;
   evil_file.replace(evil_file.find("tiny_a_torchscript.pt2"), 22, "../../../../etc/passwd");
   expect_error([&] { read_card(write(evil_file)); }, ErrorCode::kFormatError, {"plain file name"});
+}
+
+TEST(UnitCards, BrokenCardFilesAreSkippedAndListed) {
+  const auto d = temp_dir("broken_cards");
+  std::ifstream in(fixture("cards/tiny_a.json"));
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(d / "a_good.json") << good;
+  std::ofstream(d / "garbage.json") << "\x01\x02 this is not JSON {{";
+  std::ofstream(d / "empty.json") << "";
+  std::string wrong_types = good;
+  wrong_types.replace(wrong_types.find("\"schema\": 1"), 11, "\"schema\": \"one\"");
+  std::ofstream(d / "wrong_types.json") << wrong_types;
+  fs::create_directories(d / "x.json");
+  ScopedEnv env("SAPIENS_SEG_CARDS", d.string());
+
+  const auto cards = list_cards();
+  EXPECT_TRUE(std::any_of(cards.begin(), cards.end(),
+                          [](const Card& c) { return c.id == "fixture-tiny-a"; }));
+  EXPECT_TRUE(std::any_of(cards.begin(), cards.end(),
+                          [](const Card& c) { return c.id == "sapiens-seg-0.3b-goliath"; }));
+  const auto broken = broken_cards();
+  ASSERT_EQ(broken.size(), 4u);
+  std::map<std::string, std::string> why;
+  for (const auto& b : broken) why[fs::path(b.path).filename().string()] = b.error;
+  EXPECT_NE(why["garbage.json"].find("not valid JSON"), std::string::npos) << why["garbage.json"];
+  EXPECT_NE(why["empty.json"].find("not valid JSON"), std::string::npos) << why["empty.json"];
+  EXPECT_NE(why["wrong_types.json"].find("'schema'"), std::string::npos) << why["wrong_types.json"];
+  EXPECT_NE(why["x.json"].find("is a directory"), std::string::npos) << why["x.json"];
+  for (const auto& [name, error] : why) EXPECT_NE(error.find(name), std::string::npos) << error;
+  // Lookups work around them, and an unknown id says what was skipped.
+  EXPECT_EQ(find_card("fixture-tiny-a").file, "tiny_a_torchscript.pt2");
+  expect_error([] { find_card("no-such-model"); }, ErrorCode::kNotFound,
+               {"unknown model", "skipped broken card", "garbage.json", "x.json"});
+  expect_error([&] { read_card((d / "x.json").string()); }, ErrorCode::kFormatError,
+               {"is a directory"});
 }
 
 TEST(UnitImage, DecodeRules) {
@@ -463,6 +500,107 @@ TEST(UnitWeights, StampsSkipTheHashUntilTheFileChanges) {
   std::ofstream(stamp) << forged;
   fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(1));
   EXPECT_EQ(io::verify_weights(tiny, file, {}), *tiny.sha256);
+}
+
+TEST(UnitWeights, ABareFileIsKnownByItsContent) {
+  const auto d = temp_dir("by_content");
+  ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
+  ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
+  const Card tiny = find_card("fixture-tiny-a");
+  // A renamed copy: same size and SHA-256 as the card's file.
+  const std::string renamed = (d / "renamed.pt2").string();
+  fs::copy_file(fixture("tiny_a_torchscript.pt2"), renamed);
+  fs::last_write_time(renamed, fs::last_write_time(renamed) - std::chrono::seconds(10));
+  EXPECT_FALSE(io::card_for_file_name(renamed).has_value());
+  auto found = io::identify_by_content(renamed, false);
+  ASSERT_TRUE(found.card.has_value());
+  EXPECT_EQ(found.card->id, "fixture-tiny-a");  // not fixture-wrong-hash, of the same size
+  EXPECT_TRUE(found.by_content);
+  EXPECT_EQ(found.sha256, *tiny.sha256);
+  EXPECT_EQ(*io::read_stamp(renamed), *tiny.sha256);  // the next time is free
+  // verify_file of a renamed card file names the card.
+  const WeightsStatus r = verify_file(renamed);
+  EXPECT_EQ(r.id, "fixture-tiny-a");
+  EXPECT_TRUE(r.verified);
+
+  // Without the fixture cards, Tiny-B is of no card's size: not hashed unless asked
+  // (TorchScript: its records' CRC-32s protect it)...
+  ScopedEnv no_cards("SAPIENS_SEG_CARDS", (d / "none").string());
+  const std::string other = (d / "other.pt2").string();
+  fs::copy_file(fixture("tiny_b_torchscript.pt2"), other);
+  fs::last_write_time(other, fs::last_write_time(other) - std::chrono::seconds(10));
+  EXPECT_EQ(io::identify_by_content(other, false).sha256, "");
+  EXPECT_FALSE(io::read_stamp(other).has_value());
+  // ...and is when asked (safetensors), then held to that first hash.
+  const std::string first = io::sha256_file(other);
+  found = io::identify_by_content(other, true);
+  EXPECT_FALSE(found.card.has_value());
+  EXPECT_EQ(found.sha256, first);
+  EXPECT_EQ(io::identify_by_content(other, true).sha256, first);  // from the stamp
+  // The same bytes after a touch: hashed again, accepted.
+  fs::last_write_time(other, fs::last_write_time(other) + std::chrono::seconds(1));
+  EXPECT_EQ(io::identify_by_content(other, true).sha256, first);
+  // Other content under the same path: refused with both hashes and the way out.
+  {
+    std::fstream f(other, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5000);
+    f.put('\x5a');
+  }
+  fs::last_write_time(other, fs::last_write_time(other) - std::chrono::seconds(20));
+  expect_error([&] { io::identify_by_content(other, true); }, ErrorCode::kChecksumMismatch,
+               {"content of", "changed since it was first used", first.c_str(),
+                "sapiens-seg models verify", "stamps"});
+  // verify_file accepts the new content, after which it is used as before.
+  const WeightsStatus v = verify_file(other);
+  EXPECT_EQ(v.id, "");
+  EXPECT_FALSE(v.verified);
+  EXPECT_NE(v.sha256, first);
+  EXPECT_EQ(io::identify_by_content(other, true).sha256, v.sha256);
+  expect_error([&] { verify_file((d / "missing.pt2").string()); }, ErrorCode::kNotFound,
+               {"missing.pt2"});
+}
+
+TEST(UnitWeights, StatusSaysWrongSizeAndVerified) {
+  const auto d = temp_dir("status");
+  ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
+  ScopedEnv hf("HF_HUB_CACHE", (d / "hf").string());
+  ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
+  ScopedEnv wp("SAPIENS_SEG_WEIGHTS_PATH", (d / "placed").string());
+  fs::create_directories(d / "placed");
+  const Card tiny = find_card("fixture-tiny-a");
+  const fs::path file = d / "placed" / tiny.file;
+  fs::copy_file(fixture("tiny_a_torchscript.pt2"), file);
+  fs::last_write_time(file, fs::last_write_time(file) - std::chrono::seconds(10));
+  WeightsStatus s = weights_status("fixture-tiny-a");
+  EXPECT_TRUE(s.present);
+  EXPECT_FALSE(s.verified);  // not hashed yet
+  EXPECT_EQ(s.problem, "");
+  io::verify_weights(tiny, file.string(), {});
+  EXPECT_TRUE(weights_status("fixture-tiny-a").verified);
+  fs::resize_file(file, 1000);
+  s = weights_status("fixture-tiny-a");
+  EXPECT_TRUE(s.present);
+  EXPECT_FALSE(s.verified);
+  EXPECT_NE(s.problem.find("wrong size: 1000 bytes"), std::string::npos) << s.problem;
+}
+
+TEST(UnitWeights, MessagesNameEveryWayOut) {
+  const auto d = temp_dir("messages");
+  ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
+  ScopedEnv hf("HF_HUB_CACHE", (d / "hf").string());
+  unsetenv("SAPIENS_SEG_CARDS");
+  unsetenv("SAPIENS_SEG_WEIGHTS_PATH");
+  unsetenv("SAPIENS_SEG_NONCOMMERCIAL");
+  const Card v1 = find_card("sapiens-seg-0.3b-goliath");
+  expect_error([&] { io::check_license(v1, {}); }, ErrorCode::kLicenseNotAccepted,
+               {"accept_noncommercial=True", "--accept-noncommercial",
+                "LoadOptions::accept_noncommercial", "SAPIENS_SEG_NONCOMMERCIAL=1"});
+  ScopedEnv offline("SAPIENS_SEG_OFFLINE", "1");
+  ScopedEnv endpoint("HF_ENDPOINT", "http://127.0.0.1:9/");
+  expect_error([&] { io::obtain_weights(v1, {.accept_noncommercial = true}, {}); },
+               ErrorCode::kOffline,
+               {"sapiens-seg models download sapiens-seg-0.3b-goliath", "HF_ENDPOINT",
+                "now http://127.0.0.1:9;", "mirror"});
 }
 
 TEST(UnitNpy, WritesWhatNumPyReads) {

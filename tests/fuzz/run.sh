@@ -10,7 +10,7 @@ mkdir -p "$out/corpus"
 cp "$root"/cards/*.json "$root"/tests/fuzz/corpus_cards/* "$out/corpus/"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$root/include" -I"$root/src" -I"$build/generated/include" \
-  "$root/tests/fuzz/fuzz_card.cpp" "$root/src/io/cards.cpp" "$root/src/io/paths.cpp" \
+  "$root/tests/fuzz/fuzz_card.cpp" "$root/src/io/cards.cpp" "$root/src/io/paths.cpp" "$root/src/io/log.cpp" \
   "$root/src/core/error.cpp" -ldl -o "$out/fuzz_card"
 # Crash reproducers land in the build folder; add them to tests/fuzz/corpus_cards once fixed.
 "$out/fuzz_card" -max_total_time="$seconds" -max_len=16384 -timeout=10 -artifact_prefix="$out/" \

@@ -342,6 +342,7 @@ def test_licence_then_missing_weights_of_a_bundled_card(tmp_path, monkeypatch):
     with pytest.raises(LicenseNotAcceptedError, match="CC-BY-NC-4.0") as e:
         segmentation.load("sapiens-seg-0.3b-goliath")
     assert e.value.code == ErrorCode.LICENSE_NOT_ACCEPTED
+    assert "accept_noncommercial=True" in str(e.value)  # the Python way, not only C++'s
     # Without downloads the weights are simply not found; with them, offline mode says so.
     with pytest.raises((WeightsNotFoundError, OfflineError)) as e:
         segmentation.load("sapiens-seg-0.3b-goliath", accept_noncommercial=True)

@@ -199,6 +199,33 @@ def test_broken_wrong_dtype(built):
     assert set(dtypes.values()) == {torch.float32}
 
 
+def test_broken_flipped_byte(built):
+    # torch reads the damaged file without complaint (it checks no CRC); only the CRC-32 of the
+    # record tells, which zipfile checks.
+    path = built / "broken_flipped_byte.pt2"
+    good = (built / "tiny_a_torchscript.pt2").read_bytes()
+    bad = path.read_bytes()
+    diff = [i for i in range(len(good)) if good[i] != bad[i]]
+    assert len(bad) == len(good) and len(diff) == 1 and bin(good[diff[0]] ^ bad[diff[0]]).count("1") == 1
+    with zipfile.ZipFile(path) as z:
+        assert "/data/" in z.testzip()
+    m = torch.jit.load(str(path))
+    assert m(mf.example_input(mf.FIXTURES["tiny_a"])).shape == (1, 28, 128, 96)
+
+
+def test_deflated_copy_is_read_by_torch_with_the_same_outputs(built):
+    path = built / "tiny_a_deflated.pt2"
+    with zipfile.ZipFile(path) as z, zipfile.ZipFile(built / "tiny_a_torchscript.pt2") as orig:
+        assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist())
+        assert [i.filename for i in z.infolist()] == [i.filename for i in orig.infolist()]
+        assert z.testzip() is None
+    x = mf.example_input(mf.FIXTURES["tiny_a"])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(str(path))(x),
+                                   torch.jit.load(str(built / "tiny_a_torchscript.pt2"))(x),
+                                   rtol=0, atol=0)
+
+
 def test_cards(built):
     path = built / "tiny_a_torchscript.pt2"
     card = json.loads((built / "cards" / "tiny_a.json").read_text())
