@@ -34,6 +34,7 @@ APT_PKGS=(
   libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
   libssl-dev libcurl4-openssl-dev
   python3-dev python3-venv # the venv, and Python.h for the binding
+  ffmpeg                   # ffprobe: the tests check the overlay video's codec, frames and rate
 )
 
 with_apt=1
