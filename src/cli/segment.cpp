@@ -267,13 +267,13 @@ struct VideoOut {
   cv::VideoWriter writer;
   std::string codec;     // "h264" or "mp4v" once open
   std::string fallback;  // why auto wrote mp4v ("" when it did not fall back)
-  cv::Size size;         // what is written: 4:2:0 H.264 needs even sides (one edge row/column
-                         // is repeated for an odd input)
+  cv::Size size;         // what is written: 4:2:0 needs even sides, so one edge row/column is
+                         // repeated for an odd input (OpenCV would rescale the frames instead)
   cv::Mat padded;
 
   void open(const std::string& path, const std::string& requested, double fps, cv::Size frame) {
+    size = cv::Size(frame.width + frame.width % 2, frame.height + frame.height % 2);
     if (requested == "auto" || requested == "h264") {
-      size = cv::Size(frame.width + frame.width % 2, frame.height + frame.height % 2);
       // A failed attempt is expected where there is no encoder, and said below in our words:
       // OpenCV's own error lines about it are muted.
       namespace cvlog = cv::utils::logging;
@@ -293,7 +293,6 @@ struct VideoOut {
       }
       fallback = why + "; wrote MPEG-4 Part 2 (mp4v) instead, which browsers do not play";
     }
-    size = frame;
     if (!writer.open(path, cv::VideoWriter::fourcc('m', 'p', '4', 'v'), fps, size)) {
       throw Error(ErrorCode::kIo, "cannot write video " + path + " (mp4v)");
     }
