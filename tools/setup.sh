@@ -35,6 +35,7 @@ APT_PKGS=(
   libssl-dev libcurl4-openssl-dev
   zlib1g-dev libisal-dev   # checkpoint records: inflation and CRC-32 (ISA-L: the fast CRC)
   python3-dev python3-venv # the venv, and Python.h for the binding
+  ffmpeg                   # ffprobe: the tests check the overlay video's codec, frames and rate
 )
 
 with_apt=1

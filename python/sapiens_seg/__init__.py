@@ -10,8 +10,10 @@ The binding of the C++ library ``libsapiens_seg``; most users need only
     print(result.labels.shape, result.backend)
     # (1024, 768) Backend(mode='portable', device='cpu', dtype='float32')
 
-Also here: the exception classes (:mod:`sapiens_seg.errors`), :func:`list_cards` (the model
-cards), :func:`system_info` and ``__version__``. ``python -m sapiens_seg ARGS`` runs the
+``segmentation.download(id)`` (also ``sapiens_seg.download``) fetches a card's weights without
+loading them: a progress bar on a terminal or in a notebook; Ctrl-C stops it and the next call
+resumes. Also here: the exception classes (:mod:`sapiens_seg.errors`), :func:`list_cards` (the
+model cards), :func:`system_info` and ``__version__``. ``python -m sapiens_seg ARGS`` runs the
 ``sapiens-seg`` command line tool.
 """
 
@@ -36,7 +38,17 @@ from .errors import (
 )
 from . import _core
 from . import segmentation
-from .segmentation import Backend, Model, ModelInfo, Result, load, read_image, resize
+from .segmentation import (
+    Backend,
+    DownloadProgress,
+    Model,
+    ModelInfo,
+    Result,
+    download,
+    load,
+    read_image,
+    resize,
+)
 
 __version__: str = _core.version()
 
@@ -44,12 +56,14 @@ __all__ = [
     "__version__",
     "segmentation",
     "load",
+    "download",
     "read_image",
     "resize",
     "list_cards",
     "system_info",
     "Backend",
     "Card",
+    "DownloadProgress",
     "Model",
     "ModelInfo",
     "Result",

@@ -5,7 +5,7 @@ Internal: sapiens_seg.segmentation checks arguments before they get here. Items 
 ``(ITEM_RGB, HxWx3 uint8 array with packed pixels)``.
 """
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -57,7 +57,9 @@ def load(
     input_width: int,
     pipeline: str = ...,
     cubic: str = ...,
+    progress: Optional[Callable[[str, int, int, float], bool]] = ...,
 ) -> Model: ...
+def fetch(name: bytes, progress: Optional[Callable[[str, int, int, float], bool]] = ...) -> str: ...
 def list_cards() -> list[dict[str, Any]]: ...
 def system_info() -> dict[str, Any]: ...
 def read_image(item: Item) -> npt.NDArray[np.uint8]: ...

@@ -43,12 +43,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, overload
 import numpy as np
 
 from . import _core
+from ._progress import DownloadProgress, ProgressArg, make_reporter
 from .errors import InvalidInputError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Backend", "Model", "ModelInfo", "Result", "load", "read_image", "resize"]
+__all__ = ["Backend", "DownloadProgress", "Model", "ModelInfo", "Result", "download", "load",
+           "read_image", "resize"]
 
 _MODES = ("auto", "portable", "kernels", "original")
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -272,7 +274,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
          dtype: Any = None, logits: bool = False, *, normalization: str = "demo",
          accept_noncommercial: bool = False, allow_unverified: bool = False, threads: int = 0,
          input_size: tuple[int, int] | None = None, pipeline: str = "auto",
-         cubic: str = "wheel") -> Model:
+         cubic: str = "wheel", progress: ProgressArg = None) -> Model:
     """Loads a Sapiens segmentation model.
 
     Args:
@@ -309,6 +311,9 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
             IPP's cubic, as the authors' users run it) or ``"opencv"`` (OpenCV's own code:
             ``cv2.setUseOptimized(False)``, or an OpenCV built without IPP such as Debian's).
             See :func:`resize`.
+        progress: what a download of missing weights shows (see :func:`download`): ``None``
+            a bar on a terminal or in a notebook, ``True`` always a bar, ``False`` none, or a
+            callable given :class:`DownloadProgress` tuples (returning ``False`` cancels).
 
     Returns:
         A :class:`Model`; the GIL is released while it loads.
@@ -317,6 +322,8 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
         ValueError, TypeError: an invalid argument (the message names it).
         WeightsNotFoundError, ChecksumError, LicenseNotAcceptedError, BackendUnavailableError,
         CheckpointFormatError, ...: see :mod:`sapiens_seg.errors`.
+        KeyboardInterrupt: Ctrl-C during a download (the partial file is kept and resumed by
+        the next call).
 
     Example::
 
@@ -350,10 +357,56 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
             raise TypeError("input_size: expected None or a (height, width) pair")
         in_h = _check_int(input_size[0], "input_size", minimum=1)
         in_w = _check_int(input_size[1], "input_size", minimum=1)
-    native = _core.load(os.fsencode(name_or_path), mode, device_s, dtype_s, normalization,
-                        accept_noncommercial, allow_unverified, threads, in_h, in_w, pipeline,
-                        cubic)
+    reporter = make_reporter(progress)
+    try:
+        native = _core.load(os.fsencode(name_or_path), mode, device_s, dtype_s, normalization,
+                            accept_noncommercial, allow_unverified, threads, in_h, in_w,
+                            pipeline, cubic, reporter)
+    finally:
+        if reporter is not None:
+            reporter.close()
     return Model(native, logits)
+
+
+def download(name: str, *, progress: ProgressArg = None) -> str:
+    """Makes a model card's checkpoint present and verified (downloading it when it is not on
+    this machine) without loading it, and returns its path.
+
+    The file is looked up, fetched and checked as :func:`load` does (``SAPIENS_SEG_WEIGHTS_PATH``,
+    the sapiens-seg cache, the Hugging Face cache, then ``HF_ENDPOINT``; SHA-256 against the
+    card). A transfer goes to ``<file>.part`` and resumes from there after an interruption, a
+    dropped connection or Ctrl-C. No licence acceptance is needed to download; loading Sapiens
+    v1 weights still needs it.
+
+    Args:
+        name: a card id (``"sapiens-seg-1b-goliath"``, see :func:`sapiens_seg.list_cards`).
+        progress: ``None`` (default): a tqdm bar when stderr is a terminal or in a Jupyter
+            notebook (``tqdm.auto``), none otherwise or with ``HF_HUB_DISABLE_PROGRESS_BARS=1``;
+            ``True``: always a bar; ``False``: none; or a callable given
+            :class:`DownloadProgress` ``(file, done, total, bytes_per_second)`` a few times a
+            second, whose ``False`` return cancels (:class:`~sapiens_seg.DownloadError`).
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C; the transfer stops within about a second and the ``.part``
+            file is kept for the next call. An exception raised by a ``progress`` callable
+            cancels the same way and propagates.
+        WeightsNotFoundError, DownloadError, OfflineError, ChecksumError, SapiensIOError.
+
+    Example::
+
+        path = segmentation.download("sapiens2-seg-0.4b")           # bar on a terminal
+        segmentation.download("sapiens2-seg-1b", progress=lambda p: print(p.done, p.total))
+    """
+    if isinstance(name, os.PathLike) or not isinstance(name, str):
+        raise TypeError(f"name: expected a card id (str), got {type(name).__name__}")
+    if not name:
+        raise ValueError("name: is empty")
+    reporter = make_reporter(progress)
+    try:
+        return _core.fetch(name.encode(), reporter)
+    finally:
+        if reporter is not None:
+            reporter.close()
 
 
 def read_image(x: str | os.PathLike[str] | bytes | bytearray | memoryview) -> np.ndarray:

@@ -229,10 +229,59 @@ ss::Pipeline parse_pipeline(const std::string& s) {
   throw py::value_error("pipeline: expected 'auto', 'host' or 'device', got '" + s + "'");
 }
 
+// ---- downloads ----------------------------------------------------------------------------
+
+// The FetchOptions::progress of a load() or fetch() from Python. The library calls it a few
+// times a second on the downloading thread, which does not hold the GIL: it takes the GIL, runs
+// Python's signal handlers (so Ctrl-C raises KeyboardInterrupt here, promptly, instead of after
+// a 4.7 GB transfer), then calls the reporter of sapiens_seg/_progress.py (None: signals only).
+// A Python exception from either is kept and cancels the transfer (the .part file stays for the
+// next call); the caller re-raises it instead of the library's "cancelled" error.
+class PythonProgress {
+ public:
+  explicit PythonProgress(py::object reporter) : reporter_(std::move(reporter)) {}
+
+  bool operator()(const ss::DownloadProgress& p) {
+    py::gil_scoped_acquire gil;
+    if (pending_) return false;
+    if (PyErr_CheckSignals() != 0) {
+      pending_.emplace();  // fetches the exception the handler raised
+      return false;
+    }
+    if (reporter_.is_none()) return true;
+    try {
+      const py::object keep_going = reporter_(to_str(p.file), p.done, p.total, p.bytes_per_second);
+      return PyObject_IsTrue(keep_going.ptr()) != 0;
+    } catch (py::error_already_set& e) {
+      pending_.emplace(std::move(e));
+      return false;
+    }
+  }
+
+  // With the GIL held: raises what the callback kept, if anything.
+  void rethrow_pending() {
+    if (!pending_) return;
+    py::error_already_set e = std::move(*pending_);
+    pending_.reset();
+    throw e;
+  }
+
+  // FetchOptions holds a std::function, which may be copied and destroyed without the GIL: it
+  // gets a pointer to this object (which outlives the call), never a Python object.
+  ss::ProgressCallback callback() {
+    return [self = this](const ss::DownloadProgress& p) { return (*self)(p); };
+  }
+
+ private:
+  py::object reporter_;
+  std::optional<py::error_already_set> pending_;
+};
+
 ss::Model load(const py::bytes& name, const std::string& mode, const std::string& device,
                const std::string& dtype, const std::string& normalization,
                bool accept_noncommercial, bool allow_unverified, int threads, int input_height,
-               int input_width, const std::string& pipeline, const std::string& cubic) {
+               int input_width, const std::string& pipeline, const std::string& cubic,
+               const py::object& progress) {
   ss::LoadOptions opt;
   opt.mode = parse_mode(mode);
   opt.device = device;
@@ -247,8 +296,35 @@ ss::Model load(const py::bytes& name, const std::string& mode, const std::string
   if (cubic != "wheel" && cubic != "opencv") throw py::value_error("cubic: 'wheel' or 'opencv'");
   opt.cubic = cubic == "opencv" ? ss::CubicResize::kOpenCV : ss::CubicResize::kWheel;
   const std::string id = path_arg(name, "name_or_path");
-  py::gil_scoped_release nogil;
-  return ss::load(id, opt);
+  PythonProgress watch(progress);
+  opt.fetch.progress = watch.callback();
+  std::optional<ss::Model> model;
+  try {
+    py::gil_scoped_release nogil;
+    model.emplace(ss::load(id, opt));
+  } catch (const ss::Error&) {
+    watch.rethrow_pending();
+    throw;
+  }
+  watch.rethrow_pending();
+  return std::move(*model);
+}
+
+py::str fetch(const py::bytes& name, const py::object& progress) {
+  const std::string id = path_arg(name, "name");
+  PythonProgress watch(progress);
+  ss::FetchOptions opt;
+  opt.progress = watch.callback();
+  std::string path;
+  try {
+    py::gil_scoped_release nogil;
+    path = ss::fetch(id, opt);
+  } catch (const ss::Error&) {
+    watch.rethrow_pending();
+    throw;
+  }
+  watch.rethrow_pending();
+  return to_str(path);
 }
 
 py::list segment(const ss::Model& model, const py::list& items, bool logits) {
@@ -501,7 +577,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("dtype"), py::arg("normalization"), py::arg("accept_noncommercial"),
         py::arg("allow_unverified"), py::arg("threads"), py::arg("input_height"),
         py::arg("input_width"), py::arg("pipeline") = "auto", py::arg("cubic") = "wheel",
-        "Loads a model; the GIL is released while it loads.");
+        py::arg("progress") = py::none(),
+        "Loads a model; the GIL is released while it loads. `progress`: None or a callable "
+        "(file, done, total, bytes_per_second) -> bool for downloads; Ctrl-C cancels either way.");
+  m.def("fetch", &fetch, py::arg("name"), py::arg("progress") = py::none(),
+        "Makes a card's weights present and verified (downloading them); returns the path.");
   m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
   m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
   m.def("read_image", &read_image, py::arg("item"),

@@ -279,6 +279,12 @@ int main(int argc, char** argv) try {
   s->add_option("--stride", seg.stride, "videos: segment every Nth frame")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  s->add_option("--codec", seg.codec,
+                "overlay video codec: h264 (plays in browsers), mp4v (MPEG-4 Part 2), or auto "
+                "(h264 where this OpenCV/FFmpeg can encode it, else mp4v, said in the log and "
+                "summary)")
+      ->check(CLI::IsMember({"auto", "h264", "mp4v"}))
+      ->capture_default_str();
   s->add_flag("--json", seg.json_lines, "print one JSON line per input on stdout");
   s->add_flag("-q,--quiet", seg.quiet, "no progress bar or per-input lines; errors only");
   s->add_flag("--skip-existing", seg.skip_existing,

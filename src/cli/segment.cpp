@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <opencv2/core/utils/logger.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <opencv2/videoio.hpp>
@@ -105,6 +106,15 @@ class Reporter {
                  static_cast<long long>(done), static_cast<long long>(total));
     std::fflush(stderr);
     bar_shown_ = true;
+  }
+
+  // A warning that belongs to the run (not to one input); errors only (--quiet) drops it.
+  void warn(const std::string& message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (args_.quiet) return;
+    clear_bar();
+    std::fprintf(stderr, "sapiens-seg: warning: %s\n", message.c_str());
+    bar_shown_ = false;
   }
 
   void finish() {
@@ -248,8 +258,61 @@ void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentA
   for (auto& t : writers) t.join();
 }
 
-// Videos: frames in order, batched, written to an overlay video (mp4v in .mp4, the input's fps
-// divided by the stride, the input's frame size) and/or one label PNG per processed frame.
+// The overlay video's writer. H.264 ('avc1' in .mp4, 4:2:0) is what browsers, chat apps and
+// file previews play; MPEG-4 Part 2 ('mp4v') is what any OpenCV with FFmpeg writes, but browsers
+// do not play it. Whether H.264 can be written is known only at run time (it depends on the
+// FFmpeg that the linked OpenCV uses, e.g. Debian's links libx264): opening the writer is the
+// check. --codec auto takes H.264 when that works and says so when it falls back.
+struct VideoOut {
+  cv::VideoWriter writer;
+  std::string codec;     // "h264" or "mp4v" once open
+  std::string fallback;  // why auto wrote mp4v ("" when it did not fall back)
+  cv::Size size;         // what is written: 4:2:0 needs even sides, so one edge row/column is
+                         // repeated for an odd input (OpenCV would rescale the frames instead)
+  cv::Mat padded;
+
+  void open(const std::string& path, const std::string& requested, double fps, cv::Size frame) {
+    size = cv::Size(frame.width + frame.width % 2, frame.height + frame.height % 2);
+    if (requested == "auto" || requested == "h264") {
+      // A failed attempt is expected where there is no encoder, and said below in our words:
+      // OpenCV's own error lines about it are muted.
+      namespace cvlog = cv::utils::logging;
+      const cvlog::LogLevel level = cvlog::setLogLevel(cvlog::LOG_LEVEL_SILENT);
+      const bool opened =
+          writer.open(path, cv::CAP_FFMPEG, cv::VideoWriter::fourcc('a', 'v', 'c', '1'), fps, size);
+      cvlog::setLogLevel(level);
+      if (opened) {
+        codec = "h264";
+        return;
+      }
+      const std::string why = "this OpenCV (" + std::string(CV_VERSION) +
+                              ") and its FFmpeg cannot encode H.264 here (no H.264 encoder, or it "
+                              "failed to open)";
+      if (requested == "h264") {
+        throw Error(ErrorCode::kIo, "--codec h264: " + why + "; use --codec mp4v (or auto)");
+      }
+      fallback = why + "; wrote MPEG-4 Part 2 (mp4v) instead, which browsers do not play";
+    }
+    if (!writer.open(path, cv::VideoWriter::fourcc('m', 'p', '4', 'v'), fps, size)) {
+      throw Error(ErrorCode::kIo, "cannot write video " + path + " (mp4v)");
+    }
+    codec = "mp4v";
+  }
+
+  void write(const cv::Mat& frame) {
+    if (frame.size() == size) {
+      writer.write(frame);
+      return;
+    }
+    cv::copyMakeBorder(frame, padded, 0, size.height - frame.rows, 0, size.width - frame.cols,
+                       cv::BORDER_REPLICATE);
+    writer.write(padded);
+  }
+};
+
+// Videos: frames in order, batched, written to an overlay video (H.264 or mp4v in .mp4, see
+// VideoOut; the input's fps divided by the stride, the input's frame size) and/or one label PNG
+// per processed frame.
 void run_video(const Model& model, const std::string& path, const std::string& stem,
                const SegmentArgs& a, const SaveSet& save, OverlayStyle style, Reporter& report,
                const std::atomic<bool>& cancel) {
@@ -264,7 +327,7 @@ void run_video(const Model& model, const std::string& path, const std::string& s
   const std::string video_out = base.string() + "_overlay.mp4";
   const std::string video_tmp = base.string() + "_overlay.partial.mp4";
   const fs::path frames_dir = base.string() + "_frames";
-  cv::VideoWriter writer;
+  VideoOut video;
   std::int64_t read = 0, processed = 0;
   std::vector<Image> batch;
   std::vector<std::int64_t> batch_index;
@@ -279,12 +342,11 @@ void run_video(const Model& model, const std::string& path, const std::string& s
         int w = 0;
         std::vector<std::uint8_t> bgr = overlay_bgr(results[j], batch[j], style, a.opacity, &w);
         const cv::Mat frame(batch[j].height, w, CV_8UC3, bgr.data());
-        if (!writer.isOpened()) {
-          writer.open(video_tmp, cv::VideoWriter::fourcc('m', 'p', '4', 'v'), fps / a.stride,
-                      frame.size());
-          if (!writer.isOpened()) throw Error(ErrorCode::kIo, "cannot write video " + video_tmp);
+        if (!video.writer.isOpened()) {
+          video.open(video_tmp, a.codec, fps / a.stride, frame.size());
+          if (!video.fallback.empty()) report.warn(path + ": " + video.fallback);
         }
-        writer.write(frame);
+        video.write(frame);
       }
       if (save.labels) {
         char name[32];
@@ -318,7 +380,7 @@ void run_video(const Model& model, const std::string& path, const std::string& s
       if (batch.size() == static_cast<std::size_t>(a.batch)) flush();
     }
     if (!cancel) flush();
-    writer.release();
+    video.writer.release();
     std::error_code ec;
     if (cancel) {
       fs::remove(video_tmp, ec);  // no truncated video under the final name
@@ -333,14 +395,19 @@ void run_video(const Model& model, const std::string& path, const std::string& s
     if (save.labels) outputs["frames_dir"] = frames_dir.string();
     if (processed == 0)
       throw Error(ErrorCode::kInvalidInput, "no frame could be read from " + path);
-    report.ok(path, {{"frames", processed},
-                     {"frames_read", read},
-                     {"fps", fps},
-                     {"width", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_WIDTH))},
-                     {"height", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_HEIGHT))},
-                     {"outputs", outputs}});
+    nlohmann::json entry = {{"frames", processed},
+                            {"frames_read", read},
+                            {"fps", fps},
+                            {"width", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_WIDTH))},
+                            {"height", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_HEIGHT))},
+                            {"outputs", outputs}};
+    if (save.overlay) {
+      entry["codec"] = video.codec;
+      if (!video.fallback.empty()) entry["codec_fallback"] = video.fallback;
+    }
+    report.ok(path, std::move(entry));
   } catch (const Error& e) {
-    writer.release();
+    video.writer.release();
     std::error_code ec;
     fs::remove(video_tmp, ec);
     report.failed(path, e);

@@ -21,6 +21,9 @@ struct SegmentArgs {
   std::string save = "labels,overlay,mask,npy,json";
   std::string overlay_style = "blend";  // or "side-by-side"
   int stride = 1;                       // videos: every Nth frame
+  std::string codec = "auto";           // overlay videos: "auto" (H.264 where it can be
+                                        // written, else mp4v, said in the log and JSON), "h264"
+                                        // (an error where it cannot), "mp4v"
   bool json_lines = false;              // one JSON line per input on stdout
   bool quiet = false;
   bool skip_existing = false;
