@@ -9,7 +9,10 @@ Sapiens2 from `sapiens2_reference.Sapiens2Seg` with the .safetensors file's weig
 Hugging Face key names). Then ONNX Runtime runs the export on one input and its logits are
 compared with the original's: v1 the TorchScript file itself (torch.jit.load), v2 the reference
 module (the authors' numerics, bf16 RoPE included). The max |diff| goes into a JSON file beside
-the export (`<out>.json`), and a diff above --tolerance fails the export.
+the export (`<out>.json`). v1 must be within --tolerance (the CPU fp32 bar, 0.002). Sapiens2's
+bf16 RoPE makes its fp32 network discontinuous (a last-bit change upstream flips roundings of q
+and k), so its bound is the larger of the tolerance and twice what the reference itself moves
+under a one-ulp change of its input, measured here and recorded; labels must agree on 99.5 %.
 
 Sapiens2's RoPE runs in bfloat16 in the authors' fp32 model (spec sapiens2.md section 8.2). ONNX
 runtimes have no bfloat16 sin/cos/mul on the CPU, so the export holds the bf16 tables computed
@@ -165,14 +168,39 @@ def v2_model(path: Path) -> tuple[s2.Sapiens2Seg, s2.Sapiens2Config]:
     return model.eval(), cfg
 
 
+class DecomposedRMSNorm(torch.nn.Module):
+    """nn.RMSNorm over the last dim in plain ops: the TorchScript exporter has no aten::rms_norm
+    below opset 23, which the runtimes' CPU plugins do not all read yet."""
+
+    def __init__(self, norm: torch.nn.RMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def decompose_rms_norms(module: torch.nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.RMSNorm):
+            if len(child.normalized_shape) != 1:
+                raise ExportError(f"{name}: RMSNorm over {child.normalized_shape}")
+            setattr(module, name, DecomposedRMSNorm(child))
+        else:
+            decompose_rms_norms(child)
+
+
 class OnnxSapiens2(torch.nn.Module):
-    """The reference network for one input size, with the RoPE above swapped in."""
+    """The reference network for one input size, with the RoPE above swapped in and RMSNorm in
+    plain ops. Changes `model` in place (the export is the last use)."""
 
     def __init__(self, model: s2.Sapiens2Seg, height: int, width: int) -> None:
         super().__init__()
         self.inner = model
         periods = model.backbone.rope_embed.periods
         model.backbone.rope_embed = FixedRope(periods, height // s2.PATCH, width // s2.PATCH)
+        decompose_rms_norms(model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         saved = s2.apply_rope
@@ -208,6 +236,7 @@ def export(model_path: Path, out: Path, opset: int = 17, tolerance: float = 2e-3
     """Export `model_path` to `out` and check it; returns what is written to `<out>.json`."""
     t0 = time.time()
     family = "sapiens2" if model_path.suffix == ".safetensors" else "sapiens_v1"
+    sensitivity = None
     with torch.inference_mode(False), torch.no_grad():
         if family == "sapiens_v1":
             model, script, (h, w) = v1_model(model_path)
@@ -215,7 +244,6 @@ def export(model_path: Path, out: Path, opset: int = 17, tolerance: float = 2e-3
         else:
             model, cfg = v2_model(model_path)
             h, w = 1024, 768  # the demo's network input
-            net = OnnxSapiens2(model, h, w)
             script = None
         x = example_input(h, w)
         # The original's logits: v1 the TorchScript file, v2 the reference module as is.
@@ -223,6 +251,13 @@ def export(model_path: Path, out: Path, opset: int = 17, tolerance: float = 2e-3
             ref = script(x)
         else:
             ref = model(x)
+            # The authors' bf16 RoPE rounds q and k inside an fp32 network, so a last-bit change
+            # anywhere upstream flips some roundings: the reference itself moves this much when
+            # its input moves by one ulp. No other runtime's fp32 sums are bit-identical to
+            # PyTorch's, so this, not the fp32 bar, bounds what an exact export can reach.
+            nudged = torch.nextafter(x, torch.full_like(x, math.inf))
+            sensitivity = float((model(nudged) - ref).abs().max())
+            net = OnnxSapiens2(model, h, w)
         log(f"[export] {model_path.name}: {family}, input {h}x{w}, built in {time.time() - t0:.1f}s")
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
@@ -252,12 +287,20 @@ def export(model_path: Path, out: Path, opset: int = 17, tolerance: float = 2e-3
         "max_abs_logit_diff": float(diff.max()), "mean_abs_logit_diff": float(diff.mean()),
         "label_agreement": labels_equal, "export_s": export_s,
     }
+    bound = tolerance
+    if sensitivity is not None:
+        info["reference_one_ulp_sensitivity"] = sensitivity
+        bound = max(tolerance, 2 * sensitivity)
+    info["bound"] = bound
     (out.parent / (out.name + ".json")).write_text(json.dumps(info, indent=2) + "\n")
     log(f"[export] {out.name}: exported in {export_s:.1f}s; vs the original max |diff| "
-        f"{info['max_abs_logit_diff']:.2e}, labels {100 * labels_equal:.2f} % equal")
-    if not info["max_abs_logit_diff"] <= tolerance:
+        f"{info['max_abs_logit_diff']:.2e} (bound {bound:.2e}"
+        + (f": the reference moves {sensitivity:.2e} under a 1-ulp input change"
+           if sensitivity is not None else "") + f"), labels {100 * labels_equal:.2f} % equal")
+    if not info["max_abs_logit_diff"] <= bound or labels_equal < 0.995:
         raise ExportError(f"{out.name}: logits differ from the original by "
-                          f"{info['max_abs_logit_diff']:.3g} (> {tolerance})")
+                          f"{info['max_abs_logit_diff']:.3g} (bound {bound:.3g}), labels "
+                          f"{100 * labels_equal:.2f} % equal (>= 99.5 % needed)")
     return info
 
 

@@ -5,11 +5,15 @@
 #include <ATen/ATen.h>
 #include <torch/script.h>
 
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/cpu_caps.hpp"
+#include "core/mapped_file.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/torchscript_archive.hpp"
 #include "core/v1/vit_seg.hpp"
@@ -196,8 +200,9 @@ TEST(UnitBackends, DeviceAndDtypeRules) {
     if (why.empty()) {
       EXPECT_EQ(core::resolve_dtype(dt, c10::Device(c10::kCPU)), t);
     } else {
+      const std::string name = core::dtype_name(t);
       expect_error([dt = dt] { core::resolve_dtype(dt, c10::Device(c10::kCPU)); },
-                   ErrorCode::kBackendUnavailable, {core::dtype_name(t)});
+                   ErrorCode::kBackendUnavailable, {name.c_str()});
     }
   }
   EXPECT_FALSE(core::kernels_unavailable_reason(c10::Device(c10::kCPU)).empty());
@@ -669,4 +674,37 @@ TEST(UnitArchive, StorageDtypes) {
   // A wrong (float64) parameter in a real archive reaches the layout check with its dtype.
   const auto ck = core::open_torchscript(fixture("broken_wrong_dtype.pt2"));
   EXPECT_EQ(ck.tensors.at("backbone.ln1.weight").scalar_type(), at::kDouble);
+}
+
+// ---- dropping the file pages of converted weights (the 5B bfloat16 load) ---------------------
+
+TEST(UnitMappedFile, ReleasesPagesOnlyInsideFileMappings) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("sapiens_seg_map_" + std::to_string(::getpid()) + ".bin");
+  std::vector<std::uint8_t> bytes(8 * page);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  {
+    const core::MappedFile m = core::map_file(path.string(), "test file");
+    ASSERT_EQ(m.size, bytes.size());
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < m.size; ++i) sum += m.data[i];  // fault every page in
+    EXPECT_GT(sum, 0u);
+    // Whole pages strictly inside the range: an unaligned start skips its partial page.
+    EXPECT_EQ(core::release_mapped_pages(m.data + 1, 3 * page), 2 * page);
+    EXPECT_EQ(core::release_mapped_pages(m.data, m.size), m.size);
+    EXPECT_EQ(core::release_mapped_pages(m.data, page / 2), 0u);       // no whole page
+    EXPECT_EQ(core::release_mapped_pages(m.data + page, m.size), 0u);  // runs past the map
+    // The mapping still reads the file's bytes after its pages were dropped.
+    EXPECT_EQ(std::vector<std::uint8_t>(m.data, m.data + m.size), bytes);
+  }
+  // Anonymous memory is never touched (MADV_DONTNEED would zero it).
+  std::vector<std::uint8_t> heap(bytes);
+  EXPECT_EQ(core::release_mapped_pages(heap.data(), heap.size()), 0u);
+  EXPECT_EQ(heap, bytes);
+  // After the map is gone its range is not a mapping any more.
+  std::filesystem::remove(path);
 }
