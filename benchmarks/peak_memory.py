@@ -93,7 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     size = args.model.stat().st_size
-    report = {"meta": {"date": time.strftime("%Y-%m-%d"), "model_file": args.model.name,
+    sys.path.insert(0, str(HERE))
+    from cpu_dtype_probe import cpu_info  # noqa: PLC0415 - CPU model, ISA flags, cores
+
+    import torch  # noqa: PLC0415
+
+    report = {"meta": {"date": time.strftime("%Y-%m-%d"), **cpu_info(),
+                       "versions": {"torch": torch.__version__,
+                                    "sapiens-seg": subprocess.run(
+                                        [str(args.cli), "--version"], capture_output=True,
+                                        text=True, check=False).stdout.strip()},
+                       "model_file": args.model.name,
                        "model_bytes": size, "mem_total": mem_total(),
                        "mem_available_at_start": mem_available(),
                        "loadavg": open("/proc/loadavg").read().split()[:3],
