@@ -77,7 +77,7 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str) -> dict:
     by = collections.Counter()
     for e in prof.key_averages():
         if e.key.startswith("aten::") or e.key.startswith("mkldnn"):
-            by[kind_of(e.key)] += e.self_cpu_time_total / 1e3 / calls
+            by[e.key] += e.self_cpu_time_total / 1e3 / calls
     del sapiens_seg
     return dict(by)
 
@@ -108,7 +108,7 @@ def profile_ort(onnx: str, x: np.ndarray, calls: int, threads: int, tmp: str) ->
             runs += 1
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             op = e.get("args", {}).get("op_name", e["name"])
-            per_run[kind_of(op)] += e["dur"] / 1e3
+            per_run[op] += e["dur"] / 1e3
     runs = max(runs, 1)
     return {k: v / runs for k, v in per_run.items()}
 
@@ -127,7 +127,7 @@ def profile_ov(onnx: str, x: np.ndarray, calls: int, threads: int, precision: st
     for _ in range(calls):
         req.infer({0: x})
         for p in req.get_profiling_info():
-            by[kind_of(p.node_type + " " + p.exec_type)] += p.real_time.total_seconds() * 1e3
+            by[p.node_type + " " + p.exec_type] += p.real_time.total_seconds() * 1e3
     return {k: v / calls for k, v in by.items()}
 
 
@@ -161,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         out["ms_per_call"]["openvino f32"] = profile_ov(args.onnx, x, args.calls, threads, "f32")
         out["ms_per_call"]["openvino default"] = profile_ov(args.onnx, x, args.calls, threads,
                                                             None)
+    # Per op name -> per kind.
+    out["by_op"] = out.pop("ms_per_call")
+    out["ms_per_call"] = {}
+    for col, ops in out["by_op"].items():
+        kinds = collections.Counter()
+        for op, ms in ops.items():
+            kinds[kind_of(op)] += ms
+        out["ms_per_call"][col] = dict(kinds)
     cols = list(out["ms_per_call"])
     print("| kind | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
