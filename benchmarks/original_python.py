@@ -1,12 +1,21 @@
 #!/usr/bin/env python3
-"""Time a Sapiens v1 TorchScript checkpoint the way the authors' Sapiens-Lite demo runs it.
+"""Time a Sapiens checkpoint the way the authors' demo runs it.
 
-The pipeline is the demo's (facts from the project's network spec, section 5.1): cv2.resize of the
-BGR image to 1024x768 with INTER_LINEAR, BGR->RGB, (x - mean) / std with the demo's rounded
-values, the traced model in float32 under torch.no_grad(), then per image one F.interpolate
-(bilinear, align_corners=False) of the logits to the image size and an argmax over the classes.
-Nothing is fused or tiled: at 3000x4000 the full-resolution logits (28 x 12 MP in float32, 1.3 GB)
-exist, as they do in the demo.
+Sapiens v1 (`*_torchscript.pt2`), the Sapiens-Lite demo (facts from the project's network spec,
+section 5.1): cv2.resize of the BGR image to 1024x768 with INTER_LINEAR, BGR->RGB, (x - mean) / std
+with the demo's rounded values, the traced model in float32 under torch.no_grad(), then per image
+one F.interpolate (bilinear, align_corners=False) of the logits to the image size and an argmax
+over the classes. Nothing is fused or tiled: at 3000x4000 the full-resolution logits (28 x 12 MP
+in float32, 1.3 GB) exist, as they do in the demo.
+
+Sapiens2 (`*.safetensors`), the authors' demo (spec sapiens2.md section 5): their module tree,
+here the project's own definition of it (tools/sapiens2_reference.py), built in float32 and
+filled the authors' way (safetensors `load_file`, then `load_state_dict`, so the weights exist
+twice while loading); cv2 INTER_AREA when the width shrinks, else INTER_CUBIC, to 1024x768,
+ImageNet mean/std, the module in float32 (bf16 RoPE), F.interpolate of the 29 x 1024 x 768
+logits, argmax.
+
+Each call also records the network's own time (`net_ms`), without the pre- and post-processing.
 
 The protocol is the project's (design section 7): load time, first call, warm-up calls, a reset
 of the peak-memory counter, then rounds x calls with the median of each round and the median of
@@ -21,6 +30,7 @@ As speed_check's worker (--worker): JSON commands on stdin, one JSON reply per l
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -36,6 +46,7 @@ import torch.nn.functional as F
 
 MEAN = (123.5, 116.5, 103.5)  # the Sapiens-Lite demo's values, RGB order
 STD = (58.5, 57.0, 57.5)
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 
 
 def synthetic_rgb(height: int, width: int, index: int) -> np.ndarray:
@@ -70,32 +81,106 @@ def reset_peak_rss() -> None:
         pass
 
 
-class Original:
-    """The checkpoint run as the demo runs it."""
+def is_sapiens2(path: str) -> bool:
+    return path.endswith(".safetensors")
+
+
+class DemoPipeline:
+    """The demo's pre- and post-processing around a network; subclasses supply `network`.
+
+    v1: cv2 INTER_LINEAR to 1024x768 and the Sapiens-Lite mean/std; v2: INTER_AREA when the width
+    shrinks, else INTER_CUBIC, and the ImageNet mean/std. Then one F.interpolate of the logits
+    per image and an argmax, as both demos do."""
+
+    backend: dict = {}
 
     def __init__(self, path: str, device: str) -> None:
         self.device = torch.device(device)
-        self.model = torch.jit.load(path, map_location="cpu")
-        self.model.eval()
-        self.model.to(self.device)
-        self.mean = torch.tensor(MEAN).view(3, 1, 1)
-        self.std = torch.tensor(STD).view(3, 1, 1)
+        self.sapiens2 = is_sapiens2(path)
+        mean, std = ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375)) if self.sapiens2 \
+            else (MEAN, STD)
+        self.mean = torch.tensor(mean).view(3, 1, 1)
+        self.std = torch.tensor(std).view(3, 1, 1)
+        self.last_net_ms = 0.0
+        self.size = (1024, 768)  # the network input, H x W (both demos)
 
     def preprocess(self, img_bgr: np.ndarray) -> torch.Tensor:
-        resized = cv2.resize(img_bgr, (768, 1024), interpolation=cv2.INTER_LINEAR)
+        h, w = self.size
+        if self.sapiens2:
+            interp = cv2.INTER_AREA if w < img_bgr.shape[1] else cv2.INTER_CUBIC
+        else:
+            interp = cv2.INTER_LINEAR
+        resized = cv2.resize(img_bgr, (w, h), interpolation=interp)
         t = torch.from_numpy(resized).permute(2, 0, 1)[[2, 1, 0]].float()
         return (t - self.mean) / self.std
+
+    def network(self, batch: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def __call__(self, images_bgr: list[np.ndarray], with_logits: bool = False):
         with torch.no_grad():
             batch = torch.stack([self.preprocess(im) for im in images_bgr]).to(self.device)
-            logits = self.model(batch)
+            sync(self.device)
+            t0 = time.perf_counter()
+            logits = self.network(batch)
+            sync(self.device)
+            self.last_net_ms = (time.perf_counter() - t0) * 1e3
             labels = []
             for i, im in enumerate(images_bgr):
                 h, w = im.shape[:2]
                 up = F.interpolate(logits[i:i + 1], size=(h, w), mode="bilinear")
                 labels.append(up.argmax(dim=1)[0].cpu().numpy())
         return (labels, logits.float().cpu()) if with_logits else labels
+
+
+class Original(DemoPipeline):
+    """Sapiens v1: the TorchScript file run as the Sapiens-Lite demo runs it."""
+
+    def __init__(self, path: str, device: str) -> None:
+        super().__init__(path, device)
+        self.model = torch.jit.load(path, map_location="cpu")
+        self.model.eval()
+        self.model.to(self.device)
+        self.backend = {"mode": "original-python", "device": str(self.device),
+                        "dtype": "float32", "runtime": "torch.jit " + torch.__version__}
+
+    def network(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.model(batch)
+
+
+class OriginalSapiens2(DemoPipeline):
+    """Sapiens2: the authors' module tree in float32, loaded the way their init_model loads it
+    (build the module, safetensors load_file, load_state_dict)."""
+
+    def __init__(self, path: str, device: str) -> None:
+        super().__init__(path, device)
+        sys.path.insert(0, TOOLS)
+        import sapiens2_reference as s2  # noqa: PLC0415 - the project's tools folder
+        from export_onnx import v2_config  # noqa: PLC0415
+        from safetensors import safe_open  # noqa: PLC0415
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        with safe_open(path, framework="pt") as f:  # shapes only, for the configuration
+            shapes = {k: torch.empty(f.get_slice(k).get_shape(), device="meta")
+                      for k in f.keys()}
+        if s2.is_hf_state_dict(shapes):
+            raise ValueError("the original runs the authors' key names; this file has Hugging "
+                             "Face names")
+        self.model = s2.Sapiens2Seg(v2_config(shapes))
+        sd = load_file(path, device="cpu")
+        self.model.load_state_dict(sd, strict=False)  # the authors load non-strictly
+        del sd
+        self.model.eval().to(self.device)
+        self.backend = {"mode": "original-python", "device": str(self.device),
+                        "dtype": "float32",
+                        "runtime": "torch eager (tools/sapiens2_reference.py) " + torch.__version__}
+
+    def network(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.model(batch)
+
+
+def make_original(path: str, device: str) -> DemoPipeline:
+    return OriginalSapiens2(path, device) if is_sapiens2(path) else Original(path, device)
 
 
 def sync(device: torch.device) -> None:
@@ -120,17 +205,25 @@ def peak(device: torch.device) -> dict:
 
 
 class Worker:
-    """One loaded model answering speed_check's commands (or the standalone driver's)."""
+    """One loaded model answering speed_check's commands (or the standalone driver's).
+    `factory(path, device)` builds the pipeline (default: the authors' demo)."""
 
-    def __init__(self, path: str, device: str, load_repeats: int) -> None:
+    def __init__(self, path: str, device: str, load_repeats: int, factory=None) -> None:
+        factory = factory or make_original
         loads = []
         self.model = None
+        gc.collect()
+        rss0 = vm_status("VmRSS")
+        reset_peak_rss()
         for _ in range(max(1, load_repeats)):
             self.model = None  # the previous copy goes first, as a fresh process would have it
+            gc.collect()
             t0 = time.perf_counter()
-            self.model = Original(path, device)
+            self.model = factory(path, device)
             loads.append((time.perf_counter() - t0) * 1e3)
         self.load_ms = loads
+        self.load_peak_rss = vm_status("VmHWM")  # the loading's own peak (weights twice, ...)
+        self.rss_before_load = rss0
         self.device = self.model.device
         self.images: list[np.ndarray] = []
 
@@ -139,8 +232,9 @@ class Worker:
             "event": "ready", "load_ms": self.load_ms, "threads": torch.get_num_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
             "python": platform.python_version(), "opencv": cv2.__version__,
-            "backend": {"mode": "original-python", "device": str(self.device), "dtype": "float32"},
-            "rss_after_load": vm_status("VmRSS"),
+            "backend": self.model.backend, "rss_after_load": vm_status("VmRSS"),
+            "rss_before_load": self.rss_before_load, "load_peak_rss": self.load_peak_rss,
+            **getattr(self.model, "extra", {}),
         }
 
     def prepare(self, height: int, width: int, batch: int, warmup: int) -> dict:
@@ -155,12 +249,13 @@ class Worker:
         return {"first_ms": first, "warmup_ms": warm}
 
     def run(self, calls: int) -> dict:
-        ms, cpu = [], []
+        ms, cpu, net = [], [], []
         for _ in range(calls):
             c0 = time.process_time()  # all threads of the process
             ms.append(timed(lambda: self.model(self.images), self.device))
             cpu.append((time.process_time() - c0) * 1e3)
-        return {"ms": ms, "cpu_ms": cpu}
+            net.append(self.model.last_net_ms)
+        return {"ms": ms, "cpu_ms": cpu, "net_ms": net}
 
     def handle(self, cmd: dict) -> dict:
         kind = cmd.get("cmd")
@@ -182,13 +277,13 @@ class Worker:
         raise ValueError(f"unknown command {kind!r}")
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, factory=None) -> int:
     def reply(obj: dict) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
     try:
-        worker = Worker(args.model, args.device, args.load_repeats)
+        worker = Worker(args.model, args.device, args.load_repeats, factory)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which shows the column as n/a
         reply({"event": "unavailable", "reason": f"{type(e).__name__}: {e}"})
         return 0
@@ -247,7 +342,8 @@ def standalone(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a Sapiens v1 *_torchscript.pt2 file")
+    ap.add_argument("--model", required=True,
+                    help="a Sapiens v1 *_torchscript.pt2 or a Sapiens2 *.safetensors file")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     ap.add_argument("--load-repeats", type=int, default=1)

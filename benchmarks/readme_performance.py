@@ -44,11 +44,44 @@ CPU_GOALS = [
 ]
 
 
+PEERS = ("original-python", "onnxruntime", "openvino f32", "openvino default", "transformers")
+
+
+def peer_goals(report: dict) -> list[str]:
+    """The goals against the runtimes a CPU user would pick instead (issue 18): portable float32
+    >= 1.1x the fastest peer at 1024x768, bfloat16 >= 1.1x OpenVINO's bfloat16."""
+    out = []
+    titles = {c["id"]: c["title"] for c in available(report)}
+    for res in report["results"]:
+        if (res["height"], res["width"], res["batch"]) != (1024, 768, 1):
+            continue
+        by = res["columns"]
+        peers = {p: by[p]["median_ms"] for p in PEERS if p in by and p in titles}
+        if "portable float32" in by and peers:
+            fastest = min(peers, key=peers.get)
+            r = peers[fastest] / by["portable float32"]["median_ms"]
+            out.append(f"float32 at 1024x768 >= 1.1x the fastest peer ({titles[fastest]}): "
+                       f"{r:.2f}x ({'met' if r >= 1.1 else 'missed'})")
+        ov = next((c for c in available(report) if c["id"] == "openvino default"), None)
+        if ("portable bfloat16" in by and ov and ov.get("dtype") == "bfloat16"
+                and "openvino default" in by):
+            r = by["openvino default"]["median_ms"] / by["portable bfloat16"]["median_ms"]
+            out.append(f"bfloat16 at 1024x768 >= 1.1x OpenVINO's bfloat16: {r:.2f}x "
+                       f"({'met' if r >= 1.1 else 'missed'})")
+    return out
+
+
 def goals(report: dict) -> list[str]:
     """One line per goal this run measures: the ratio against the original (Python), met or not."""
     meta = report["meta"]
     if meta["quick"] or meta["device"] != "cpu":
         return []
+    lines = []
+    pg = peer_goals(report)
+    if pg:
+        lines.append("Goals against the peers: " + "; ".join(pg) + ".")
+    if meta["model_file"].endswith(".safetensors"):  # the goals below are Sapiens v1's
+        return lines
     ids = {c["title"]: c["id"] for c in report["columns"]}
     out = []
     # A single load is not the warm-cache median the protocol asks for (3 loads).
@@ -71,10 +104,10 @@ def goals(report: dict) -> list[str]:
             out.append(f"{what} {'>=' if higher else '<='} {bound}x: {r:.2f}x "
                        f"({'met' if ok else 'missed'})")
     if not out:
-        return []
+        return lines
     why = (" Why a missed goal cannot be met on this machine: `benchmarks/README.md`."
            if any("missed" in o for o in out) else "")
-    return ["Goals against the original (Python): " + "; ".join(out) + "." + why]
+    return ["Goals against the original (Python): " + "; ".join(out) + "." + why] + lines
 
 
 def section_for(report: dict, path: str) -> list[str]:
@@ -93,6 +126,20 @@ def section_for(report: dict, path: str) -> list[str]:
               f"torch {meta['torch']}; load x{p['load_repeats']}, first call, {p['warmup']} "
               f"warm-up, median of {p['rounds']} rounds x {p['calls']} calls, modes alternating; "
               f"[`{path}`]({path})."]
+    if meta.get("isa_flags"):
+        lines.append("ISA flags: " + " ".join(meta["isa_flags"])
+                     + (f" (oneDNN capped: {meta['onednn_cap']})" if meta.get("onednn_cap")
+                        else "") + "; versions: "
+                     + ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items()) + ".")
+    ov = [c for c in available(report) if c["id"] == "openvino default"]
+    if ov:
+        lines.append(f"OpenVINO's default CPU precision here: {ov[0]['dtype']}.")
+    if meta.get("onnx_export"):
+        e = meta["onnx_export"]
+        lines.append(f"The ONNX peers run the project's export (`tools/export_onnx.py`, opset "
+                     f"{e.get('opset')}), checked before timing: max |logit diff| "
+                     f"{e.get('max_abs_logit_diff', 0):.2g} against the "
+                     f"{e.get('checked_against', 'original')}.")
     if not meta["quick"] and (p["warmup"], p["rounds"], p["calls"]) != (3, 3, 5):
         lines.append("A reduced protocol (the design's is 3 warm-ups and 3 rounds x 5 calls): one "
                      "full-size call takes tens of seconds on this machine.")
@@ -128,6 +175,30 @@ def section_for(report: dict, path: str) -> list[str]:
         cells = [ratio(by.get(c["id"], {}).get("peak_rss"), by.get(ref, {}).get("peak_rss"))
                  for c in modes]
         lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
+
+    if any("median_net_ms" in c for r in report["results"] for c in r["columns"].values()):
+        lines += ["", f"Network only (no pre- or post-processing), speed-up against the "
+                      f"{cols[ref]['title']} (higher is better):", "", head, rule]
+        for r in report["results"]:
+            by = r["columns"]
+            cells = [ratio(by.get(ref, {}).get("median_net_ms"),
+                           by.get(c["id"], {}).get("median_net_ms")) for c in modes]
+            lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
+    lib = [c for c in modes if c["id"].startswith(("portable", "kernels"))]
+    peers = [cols[i] for i in PEERS if i in cols]
+    if lib and len(peers) > 1:
+        lines += ["", "The library against each peer, end to end (peer time / library time; "
+                      "higher: the library is faster):", "",
+                  "| image | library | " + " | ".join(f"vs {c['title']}" for c in peers) + " |",
+                  "|---|---|" + "---:|" * len(peers)]
+        for r in report["results"]:
+            by = r["columns"]
+            for c in lib:
+                if c["id"] not in by:
+                    continue
+                cells = [ratio(by.get(q["id"], {}).get("median_ms"), by[c["id"]]["median_ms"])
+                         for q in peers]
+                lines.append(f"| {size(r)} | {c['title']} | " + " | ".join(cells) + " |")
 
     load = report.get("load_ms", {}) if p["load_repeats"] >= 3 else {}
     if "original" in load:
@@ -177,13 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     root = args.readme.resolve().parent
     body = ["## Performance", "",
             "Measured with `benchmarks/speed_check` (see `benchmarks/README.md`): every mode runs in "
-            "its own process beside the authors' pipeline, `original (Python)` (torch.jit.load, "
-            "cv2 preprocessing, F.interpolate of the logits, argmax, as the Sapiens-Lite demo does "
-            "it) and the `original` mode (the same TorchScript graph through this library), in the "
-            "same run on the same machine. The checkpoints are random-weight files with the exact "
-            "structure of the released ones (`tools/make_fixtures.py`); speed does not depend on "
-            "the weight values. Regenerate this section with "
-            "`benchmarks/readme_performance.py`.", ""]
+            "its own process beside the authors' pipeline, `original (Python)` (Sapiens v1: "
+            "torch.jit.load, cv2 preprocessing, F.interpolate of the logits, argmax, as the "
+            "Sapiens-Lite demo does it; Sapiens2: the authors' module structure in float32 with "
+            "their demo's preprocessing), the `original` mode (v1's TorchScript graph through this "
+            "library) and, where the run has them, the runtimes a CPU user would pick instead "
+            "(ONNX Runtime and OpenVINO on the project's ONNX export, Hugging Face transformers "
+            "for Sapiens2), in the same run on the same machine. The checkpoints are random-weight "
+            "files with the exact structure of the released ones (`tools/make_fixtures.py`, "
+            "`tools/sapiens2_fixtures.py`); speed does not depend on the weight values. "
+            "Regenerate this section with `benchmarks/readme_performance.py`.", ""]
     for path in args.results:
         report = json.loads(path.read_text())
         rel = path.resolve().relative_to(root).as_posix()

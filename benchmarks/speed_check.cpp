@@ -1,9 +1,11 @@
 // speed_check: load time, speed and peak memory of every mode beside the original, measured in
 // the same run on the same machine (the protocol of the project's design, section 7).
 //
-// Every mode runs in its own worker process (this program with --worker, or
-// original_python.py --worker for the authors' pipeline in Python), so that each one's peak
-// memory is its own and no mode inherits another's caches. The parent drives them in lock step:
+// Every mode runs in its own worker process (this program with --worker, original_python.py
+// --worker for the authors' pipeline in Python, peers_python.py --worker for the runtimes a CPU
+// user would pick instead: ONNX Runtime and OpenVINO on the project's ONNX export, Hugging Face
+// transformers for Sapiens2), so that each one's peak memory is its own and no mode inherits
+// another's caches. The parent drives them in lock step:
 // for each image size and batch, every worker makes its first call and its warm-up calls and
 // resets its peak counters; then the timed rounds alternate between the workers, so that a
 // machine shared with other jobs slows all modes alike and the ratios stay meaningful.
@@ -126,6 +128,23 @@ bool cpu_flag(const std::string& flag) {
   return false;
 }
 
+// The ISA flags that decide the CPU's fast dtypes (as in src/core/cpu_caps.cpp), for the record.
+std::vector<std::string> isa_flags() {
+  std::vector<std::string> out;
+  for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                        "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16"}) {
+    if (cpu_flag(f)) out.emplace_back(f);
+  }
+  return out;
+}
+
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
 // User + system CPU time of this process, all threads, in ms.
 double process_cpu_ms() {
   rusage ru{};
@@ -184,8 +203,9 @@ struct WorkerOptions {
 class Pipeline {
  public:
   virtual ~Pipeline() = default;
-  // End to end, as a user calls it: RGB images in, label maps at each image's size out.
-  virtual void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) = 0;
+  // End to end, as a user calls it: RGB images in, label maps at each image's size out. Returns
+  // the network's own time in ms (without pre- and post-processing).
+  virtual double segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) = 0;
   // One image: the network's logits [classes, h/2 of the network input, ...] as float32, and the
   // labels at the image's size.
   virtual std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
@@ -222,11 +242,12 @@ class ApiPipeline final : public Pipeline {
     opt.accept_noncommercial = o.accept_noncommercial;
     model_ = sapiens_seg::load(o.model, opt);
   }
-  void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
+  double segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
     std::vector<sapiens_seg::Input> inputs;
     for (const auto& px : images) inputs.push_back(sapiens_seg::Input::rgb({px.data(), h, w, 0}));
     const auto results = model_->segment(inputs);
     if (results.size() != images.size()) throw std::runtime_error("wrong number of results");
+    return results.front().timings.network;  // a batch shares one network call
   }
   std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
       const std::vector<std::uint8_t>& image, int h, int w) override {
@@ -313,7 +334,7 @@ class CorePipeline final : public Pipeline {
     }
     return core::resize_normalize(img, input_h_, input_w_, mean_, std_);
   }
-  void segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
+  double segment(const std::vector<std::vector<std::uint8_t>>& images, int h, int w) override {
     const c10::Device dev = runner_->device();
     const bool gpu = !dev.is_cpu();
     // A stream per call, as Model::segment uses.
@@ -322,11 +343,17 @@ class CorePipeline final : public Pipeline {
       stream.emplace(c10::impl::getDeviceGuardImpl(dev.type())->getStreamFromGlobalPool(dev));
     std::vector<at::Tensor> inputs;
     for (const auto& px : images) inputs.push_back(preprocess(px, h, w));
-    const at::Tensor logits = runner_->forward_device(at::stack(inputs));
+    const at::Tensor batch = at::stack(inputs);
+    if (gpu) c10::impl::getDeviceGuardImpl(dev.type())->synchronizeDevice(dev.index());
+    const auto t0 = Clock::now();
+    const at::Tensor logits = runner_->forward_device(batch);
+    if (gpu) c10::impl::getDeviceGuardImpl(dev.type())->synchronizeDevice(dev.index());
+    const double net_ms = ms_since(t0);
     at::Tensor host = at::empty({h, w}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
     for (size_t i = 0; i < images.size(); ++i) {
       host.copy_(core::upsample_argmax_labels(logits[static_cast<int64_t>(i)], h, w));
     }
+    return net_ms;
   }
   std::pair<std::vector<float>, std::vector<std::uint8_t>> outputs(
       const std::vector<std::uint8_t>& image, int h, int w) override {
@@ -402,6 +429,8 @@ int run_worker(const WorkerOptions& o) {
   };
   std::unique_ptr<Pipeline> pipe;
   std::vector<double> loads;
+  const std::int64_t rss_before_load = vm_status("VmRSS");
+  reset_peak_rss();
   try {
     for (int i = 0; i < std::max(1, o.load_repeats); ++i) {
       pipe.reset();  // the previous model goes first, as it would in a fresh process
@@ -425,16 +454,19 @@ int run_worker(const WorkerOptions& o) {
          {"omp_num_threads", omp ? json(omp) : json(nullptr)},
          {"backend", pipe->backend()},
          {"pipeline", kPipeline},
+         {"rss_before_load", rss_before_load},
+         {"load_peak_rss", vm_status("VmHWM")},
          {"rss_after_load", vm_status("VmRSS")}});
 
   std::vector<std::vector<std::uint8_t>> images;
   int h = 0, w = 0;
   double cpu_ms = 0;  // CPU time of the last call, all threads
+  double net_ms = 0;  // the network's share of the last call
   auto call = [&] {
     sync(o.device);
     const double c0 = process_cpu_ms();
     const auto t0 = Clock::now();
-    pipe->segment(images, h, w);
+    net_ms = pipe->segment(images, h, w);
     sync(o.device);
     const double ms = ms_since(t0);
     cpu_ms = process_cpu_ms() - c0;
@@ -458,12 +490,13 @@ int run_worker(const WorkerOptions& o) {
         reset_peaks(o.device);
         reply({{"first_ms", first}, {"warmup_ms", warm}});
       } else if (kind == "run") {
-        std::vector<double> ms, cpu;
+        std::vector<double> ms, cpu, net;
         for (int i = 0; i < cmd.at("calls").get<int>(); ++i) {
           ms.push_back(call());
           cpu.push_back(cpu_ms);
+          net.push_back(net_ms);
         }
-        reply({{"ms", ms}, {"cpu_ms", cpu}});
+        reply({{"ms", ms}, {"cpu_ms", cpu}, {"net_ms", net}});
       } else if (kind == "peak") {
         reply(memory_peaks(o.device));
       } else if (kind == "outputs") {
@@ -552,14 +585,17 @@ class Child {
 };
 
 struct Column {
-  Column(std::string id_, std::string title_, std::string mode_, std::string dtype_, bool python_)
+  Column(std::string id_, std::string title_, std::string mode_, std::string dtype_, bool python_,
+         std::string runtime_ = "")
       : id(std::move(id_)),
         title(std::move(title_)),
         mode(std::move(mode_)),
         dtype(std::move(dtype_)),
-        python(python_) {}
+        python(python_),
+        runtime(std::move(runtime_)) {}
   std::string id, title, mode, dtype;
-  bool python = false;
+  bool python = false;  // original_python.py, or peers_python.py when runtime is set
+  std::string runtime;  // peers_python.py --runtime (onnxruntime, openvino, ...)
   std::unique_ptr<Child> child;
   json ready;
   std::string unavailable;  // reason, when it cannot run here (or failed)
@@ -567,7 +603,8 @@ struct Column {
 
 struct Options {
   bool quick = false, worker = false, accept_noncommercial = false;
-  std::string model, device = "cpu", python, python_script;
+  std::string model, device = "cpu", python, python_script, peers_script, onnx, export_script;
+  bool modes_given = false;
   std::vector<std::string> modes, dtypes;
   struct Config {
     int h, w, batch;
@@ -583,7 +620,8 @@ const char* kUsage =
     R"(speed_check: load time, speed and peak memory of each mode beside the original.
 
   speed_check [--quick] [--model PATH|ID] [--device cpu|cuda|cuda:N]
-              [--modes original-python,original,portable,kernels] [--dtype float32,bfloat16]
+              [--modes original-python,original,portable,kernels,onnxruntime,openvino,transformers]
+              [--dtype float32,bfloat16] [--onnx FILE.onnx]
               [--sizes 480x640,720x1280,...] [--batch 1,8] [--threads N]
               [--warmup 3] [--rounds 3] [--calls 5] [--load-repeats 3]
               [--json FILE] [--markdown FILE] [--python PY] [--python-script original_python.py]
@@ -596,6 +634,12 @@ otherwise. --dtype applies to portable and kernels; the original runs in float32
 OMP_NUM_THREADS is honoured as LibTorch and PyTorch honour it; --threads overrides it.
 --wait-quiet S: before each timed call, wait up to S seconds until other jobs use less than a
 fifth of a core (the load seen is recorded either way); for machines shared with other work.
+Peers (CPU only; benchmarks/peers_python.py, their packages from `tools/setup.sh --bench`):
+onnxruntime and openvino (two columns: f32, and OpenVINO's default precision for this CPU) run
+the project's ONNX export of the model (tools/export_onnx.py, made for this run and checked
+against the original unless --onnx names one); transformers runs Sapiens2 files only.
+original-python is the authors' pipeline: torch.jit for Sapiens v1, the authors' module
+structure (tools/sapiens2_reference.py) for Sapiens2.
 )";
 
 std::pair<int, int> parse_size(const std::string& s) {
@@ -606,7 +650,8 @@ std::pair<int, int> parse_size(const std::string& s) {
 
 Options parse_args(int argc, char** argv, std::string& command) {
   Options o;
-  std::string sizes, batches, modes = "original-python,original,portable,kernels", dtypes;
+  std::string sizes, batches, dtypes;
+  std::string modes = "original-python,original,portable,kernels,onnxruntime,openvino,transformers";
   // The command as typed, minus this machine's directories (results are committed).
   for (int i = 0; i < argc; ++i) {
     std::string a = i == 0 ? fs::path(argv[0]).filename().string() : argv[i];
@@ -629,8 +674,13 @@ Options parse_args(int argc, char** argv, std::string& command) {
       o.model = value(i);
     else if (a == "--device")
       o.device = value(i);
-    else if (a == "--modes")
+    else if (a == "--modes") {
       modes = value(i);
+      o.modes_given = true;
+    } else if (a == "--onnx")
+      o.onnx = value(i);
+    else if (a == "--peers-script")
+      o.peers_script = value(i);
     else if (a == "--dtype")
       dtypes = value(i);
     else if (a == "--sizes")
@@ -694,6 +744,8 @@ Options parse_args(int argc, char** argv, std::string& command) {
   o.dtypes = split(dtypes);
   if (o.python.empty()) o.python = SPEED_CHECK_PYTHON;
   if (o.python_script.empty()) o.python_script = SPEED_CHECK_PYTHON_SCRIPT;
+  if (o.peers_script.empty()) o.peers_script = SPEED_CHECK_PEERS_SCRIPT;
+  o.export_script = SPEED_CHECK_EXPORT_SCRIPT;
   return o;
 }
 
@@ -750,8 +802,33 @@ std::string markdown(const json& report) {
   }
   md << "- date: " << meta["date"].get<std::string>() << "\n"
      << "- machine: " << meta["cpu"].get<std::string>() << ", " << meta["cores"].get<int>()
-     << " logical cores" << (meta["avx512_bf16"].get<bool>() ? ", AVX512-BF16" : "") << "\n"
-     << "- device: " << meta["device"].get<std::string>() << "\n"
+     << " logical cores" << (meta["avx512_bf16"].get<bool>() ? ", AVX512-BF16" : "") << "\n";
+  if (meta.contains("isa_flags")) {
+    std::string flags;
+    for (const auto& f : meta["isa_flags"])
+      flags += (flags.empty() ? "" : " ") + f.get<std::string>();
+    md << "- ISA flags: " << flags;
+    if (!meta.value("onednn_cap", "").empty())
+      md << " (oneDNN capped at " << meta["onednn_cap"].get<std::string>() << ")";
+    md << "\n";
+  }
+  if (meta.contains("versions")) {
+    std::string v;
+    for (const auto& [k, x] : meta["versions"].items())
+      v += (v.empty() ? "" : ", ") + k + " " + x.get<std::string>();
+    md << "- versions: " << v << "\n";
+  }
+  if (meta.contains("loadavg_at_start")) {
+    md << "- load average (1, 5, 15 min): " << meta["loadavg_at_start"].get<std::string>()
+       << " at the start, " << meta["loadavg_at_end"].get<std::string>() << " at the end\n";
+  }
+  if (meta.contains("onnx_export") && meta["onnx_export"].is_object()) {
+    const json& e = meta["onnx_export"];
+    md << "- ONNX export (tools/export_onnx.py, opset " << e.value("opset", 0) << "): max |logit "
+       << "diff| " << e.value("max_abs_logit_diff", 0.0) << " against the "
+       << e.value("checked_against", std::string("original")) << "\n";
+  }
+  md << "- device: " << meta["device"].get<std::string>() << "\n"
      << "- torch: " << meta["torch"].get<std::string>() << ", sapiens-seg "
      << meta["sapiens_seg"].get<std::string>()
      << ", pipeline: " << meta["pipeline"].get<std::string>() << "\n"
@@ -816,8 +893,62 @@ std::string markdown(const json& report) {
   if (has_cpp)
     table("Speed-up against the original mode, C++ TorchScript (higher is better)", "original",
           speed);
+  auto net_speed = [](const json& c, const json& ref) {
+    return ratio(json_median(ref, "median_net_ms"), json_median(c, "median_net_ms"));
+  };
+  if (has_py) {
+    table("Network only: speed-up against the original in Python (higher is better)",
+          "original-python", net_speed);
+  }
   if (has_py)
     table("Peak RSS against the original in Python (lower is better)", "original-python", mem);
+
+  // The library's columns against each peer (a CPU user's alternatives), end to end and network
+  // only: the peer's time over the library's (above 1: the library is faster).
+  {
+    std::vector<std::string> lib, peers;
+    for (const auto& c : cols) {
+      if (!c["available"].get<bool>()) continue;
+      const std::string id = c["id"];
+      if (id.rfind("portable", 0) == 0 || id.rfind("kernels", 0) == 0)
+        lib.push_back(id);
+      else if (id != "original")
+        peers.push_back(id);
+    }
+    auto title_of = [&](const std::string& id) {
+      for (const auto& c : cols)
+        if (c["id"] == id) return c["title"].get<std::string>();
+      return id;
+    };
+    if (!lib.empty() && !peers.empty()) {
+      for (const char* key : {"median_ms", "median_net_ms"}) {
+        md << "## The library against each peer, "
+           << (std::string(key) == "median_ms" ? "end to end" : "network only")
+           << " (peer time / library time; higher: the library is faster)\n\n| image | batch | "
+              "library |";
+        for (const auto& p : peers) md << " vs " << title_of(p) << " |";
+        md << "\n|---|---|---|";
+        for (size_t k = 0; k < peers.size(); ++k) md << "---:|";
+        md << "\n";
+        for (const auto& r : report["results"]) {
+          const json& by = r["columns"];
+          for (const auto& l : lib) {
+            if (!by.contains(l)) continue;
+            md << "| " << r["height"].get<int>() << "x" << r["width"].get<int>() << " | "
+               << r["batch"].get<int>() << " | " << title_of(l) << " |";
+            for (const auto& p : peers) {
+              md << " "
+                 << (by.contains(p) ? ratio(json_median(by[p], key), json_median(by[l], key))
+                                    : "n/a")
+                 << " |";
+            }
+            md << "\n";
+          }
+        }
+        md << "\n";
+      }
+    }
+  }
   if (!has_py && !has_cpp) {
     // No original column (Sapiens2 has none): the first portable column is the reference.
     const auto p = std::find_if(ids.begin(), ids.end(),
@@ -855,16 +986,19 @@ std::string markdown(const json& report) {
 
   md << "## Load time (warm page cache)\n\n| mode | median ms (of "
      << meta["protocol"]["load_repeats"].get<int>() << ") |"
-     << (has_py ? " vs torch.jit.load in Python |" : "")
-     << (has_cpp ? " vs torch::jit::load (original mode) |" : "") << "\n|---|---:|"
-     << (has_py ? "---:|" : "") << (has_cpp ? "---:|" : "") << "\n";
+     << (has_py ? " vs the original's load in Python |" : "")
+     << (has_cpp ? " vs torch::jit::load (original mode) |" : "")
+     << " peak RSS while loading, GiB |\n|---|---:|" << (has_py ? "---:|" : "")
+     << (has_cpp ? "---:|" : "") << "---:|\n";
   const json& load = report["load_ms"];
   for (size_t k = 0; k < ids.size(); ++k) {
     const double ms = load[ids[k]].get<double>();
     md << "| " << titles[k] << " | " << fmt(ms) << " |";
     if (has_py) md << " " << ratio(load["original-python"].get<double>(), ms) << " |";
     if (has_cpp) md << " " << ratio(load["original"].get<double>(), ms) << " |";
-    md << "\n";
+    const json& w = report["workers"].value(ids[k], json::object());
+    md << " " << (w.contains("load_peak_rss") ? gib(w["load_peak_rss"].get<double>()) : "n/a")
+       << " |\n";
   }
   md << "\n";
 
@@ -894,6 +1028,8 @@ std::string markdown(const json& report) {
   table("Time per call, ms (first call in brackets)", "", [](const json& c, const json&) {
     return fmt(json_median(c, "median_ms")) + " (" + fmt(json_median(c, "first_ms")) + ")";
   });
+  table("Network only, ms per call (median)", "",
+        [](const json& c, const json&) { return fmt(json_median(c, "median_net_ms")); });
   table("Peak RSS, GiB (whole process, weights included)", "", [](const json& c, const json&) {
     std::string s = gib(json_median(c, "peak_rss"));
     if (c.contains("cuda_peak_allocated")) {
@@ -986,6 +1122,18 @@ json compare_outputs(std::vector<Column>& cols, int h, int w) {
   return out;
 }
 
+// Runs argv to completion (stdout and stderr shared with this process); its exit status.
+int run_command(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  if (::posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) return 127;
+  int status = 0;
+  if (::waitpid(pid, &status, 0) < 0) return 127;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 int run_parent(const Options& o, const std::string& command, const char* argv0) {
   std::string model = o.model;
   if (model.empty()) model = o.quick ? find_quick_model(argv0) : "sapiens-seg-0.3b-goliath";
@@ -998,24 +1146,97 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
   if (!fs::exists(model)) throw std::runtime_error("model file not found: " + model);
   model = fs::absolute(model).string();
 
+  const std::string load_at_start = loadavg();
+  const bool sapiens2 = fs::path(model).extension() == ".safetensors";
+  const bool cpu = !is_cuda(o.device);
   std::vector<Column> cols;
   for (const auto& m : o.modes) {
     if (m == "original-python") {
-      cols.emplace_back("original-python", "original (Python)", "original", "float32", true);
+      cols.emplace_back("original-python",
+                        sapiens2 ? "original (Python, authors' module)" : "original (Python)",
+                        "original", "float32", true);
     } else if (m == "original") {
+      // Sapiens2 has no original graph; by default its column is the authors' module above.
+      if (sapiens2 && !o.modes_given) continue;
       cols.emplace_back("original", "original", "original", "float32", false);
     } else if (m == "portable" || m == "kernels") {
       for (const auto& d : o.dtypes) cols.emplace_back(m + " " + d, m + " " + d, m, d, false);
+    } else if (m == "onnxruntime" || m == "openvino" || m == "transformers") {
+      if (!cpu && !o.modes_given) continue;                              // CPU peers
+      if (m == "transformers" && !sapiens2 && !o.modes_given) continue;  // no v1 model there
+      if (m == "onnxruntime") {
+        cols.emplace_back("onnxruntime", "ONNX Runtime", m, "float32", true, "onnxruntime");
+      } else if (m == "openvino") {
+        cols.emplace_back("openvino f32", "OpenVINO f32", m, "float32", true, "openvino");
+        cols.emplace_back("openvino default", "OpenVINO default", m, "default", true,
+                          "openvino-default");
+      } else {
+        cols.emplace_back("transformers", "transformers", m, "float32", true, "transformers");
+      }
     } else {
-      throw std::invalid_argument("unknown mode '" + m +
-                                  "' (original-python, original, portable, kernels)");
+      throw std::invalid_argument(
+          "unknown mode '" + m +
+          "' (original-python, original, portable, kernels, onnxruntime, openvino, "
+          "transformers)");
     }
+  }
+
+  // The ONNX peers run the project's export of the same file, checked against the original by
+  // the exporter before anything is timed (and by compare_outputs below, like every column).
+  std::string onnx = o.onnx, onnx_reason;
+  json onnx_export = nullptr;
+  std::string onnx_dir;
+  const bool need_onnx = std::any_of(cols.begin(), cols.end(), [](const Column& c) {
+    return c.runtime == "onnxruntime" || c.runtime.rfind("openvino", 0) == 0;
+  });
+  if (need_onnx && onnx.empty()) {
+    std::error_code ec;
+    std::string tmpl = (fs::temp_directory_path(ec) / "speed_check_onnx.XXXXXX").string();
+    if (const char* d = ::mkdtemp(tmpl.data())) {
+      onnx_dir = d;
+      onnx = onnx_dir + "/" + fs::path(model).stem().string() + ".onnx";
+      std::cerr << "speed_check: exporting " << fs::path(model).filename().string()
+                << " to ONNX for the peers (tools/export_onnx.py) ..." << std::endl;
+      const int rc = run_command({o.python, o.export_script, "--model", model, "--out", onnx});
+      if (rc != 0) {
+        onnx_reason = "the ONNX export failed (tools/export_onnx.py exit " + std::to_string(rc) +
+                      "; its message is in the log)";
+      }
+    } else {
+      onnx_reason = "no temporary folder for the ONNX export";
+    }
+  }
+  if (need_onnx && onnx_reason.empty()) {
+    std::ifstream side(onnx + ".json");
+    if (side) onnx_export = json::parse(side, nullptr, false);
+    if (!fs::exists(onnx)) onnx_reason = "ONNX file not found: " + onnx;
   }
 
   const std::string self = fs::canonical("/proc/self/exe").string();
   for (auto& c : cols) {
     std::vector<std::string> argv;
-    if (c.python) {
+    if (!c.runtime.empty()) {
+      if (c.runtime != "transformers" && !onnx_reason.empty()) {
+        c.unavailable = onnx_reason;
+        std::cerr << "speed_check: " << c.title << " unavailable: " << c.unavailable << "\n";
+        continue;
+      }
+      argv = {o.python,
+              o.peers_script,
+              "--worker",
+              "--runtime",
+              c.runtime,
+              "--model",
+              model,
+              "--device",
+              o.device,
+              "--load-repeats",
+              std::to_string(o.load_repeats)};
+      if (c.runtime != "transformers") {
+        argv.push_back("--onnx");
+        argv.push_back(onnx);
+      }
+    } else if (c.python) {
       argv = {o.python,
               o.python_script,
               "--worker",
@@ -1043,6 +1264,11 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
       if (c.ready.value("event", "") != "ready") {
         c.unavailable = c.ready.value("reason", "failed to start");
         c.child.reset();
+      } else if (c.runtime == "openvino-default") {
+        // Name the column after the precision OpenVINO chose for this CPU.
+        const std::string p = c.ready.value("inference_precision", "");
+        if (!p.empty()) c.title = "OpenVINO default (" + p + ")";
+        c.dtype = c.ready["backend"].value("dtype", c.dtype);
       }
     } catch (const std::exception& e) {
       c.unavailable = e.what();
@@ -1060,7 +1286,7 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
     {
       std::cerr << "speed_check: " << h << "x" << w << " batch " << batch << std::endl;
       json entry = {{"height", h}, {"width", w}, {"batch", batch}, {"columns", json::object()}};
-      std::map<std::string, std::vector<double>> round_medians;
+      std::map<std::string, std::vector<double>> round_medians, net_medians;
       std::map<std::string, json> per;
       auto fail = [&](Column& c, const std::exception& e) {
         std::cerr << "speed_check:   " << c.title << " failed: " << e.what() << "\n";
@@ -1077,6 +1303,7 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
                                         {"batch", batch},
                                         {"warmup", o.warmup}});
           per[c.id]["rounds_ms"] = json::array();
+          per[c.id]["rounds_net_ms"] = json::array();
           per[c.id]["rounds_cpu_ms"] = json::array();
           per[c.id]["background_cpus"] = json::array();
         } catch (const std::exception& e) {
@@ -1091,6 +1318,11 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
             const json got = c.child->request({{"cmd", "run"}, {"calls", o.calls}});
             const auto ms = got.at("ms").get<std::vector<double>>();
             per[c.id]["rounds_ms"].push_back(ms);
+            if (got.contains("net_ms")) {
+              const auto net = got["net_ms"].get<std::vector<double>>();
+              per[c.id]["rounds_net_ms"].push_back(net);
+              net_medians[c.id].push_back(median(net));
+            }
             per[c.id]["rounds_cpu_ms"].push_back(got.value("cpu_ms", json::array()));
             per[c.id]["background_cpus"].push_back(background);
             round_medians[c.id].push_back(median(ms));
@@ -1104,6 +1336,7 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
         try {
           per[c.id].update(c.child->request({{"cmd", "peak"}}));
           per[c.id]["median_ms"] = median(round_medians[c.id]);
+          if (!net_medians[c.id].empty()) per[c.id]["median_net_ms"] = median(net_medians[c.id]);
           per[c.id]["min_ms"] =
               *std::min_element(round_medians[c.id].begin(), round_medians[c.id].end());
           std::cerr << "speed_check:   " << c.title << ": "
@@ -1129,6 +1362,7 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
                        {"title", c.title},
                        {"mode", c.mode},
                        {"dtype", c.dtype},
+                       {"runtime", c.runtime},
                        {"available", ok},
                        {"reason", c.unavailable}});
     if (c.ready.value("event", "") == "ready") {
@@ -1146,6 +1380,12 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
       {"cpu", cpu_model()},
       {"cores", std::thread::hardware_concurrency()},
       {"avx512_bf16", cpu_flag("avx512_bf16")},
+      {"isa_flags", isa_flags()},
+      {"onednn_cap", std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA")
+                     : std::getenv("DNNL_MAX_CPU_ISA") ? std::getenv("DNNL_MAX_CPU_ISA")
+                                                       : ""},
+      {"loadavg_at_end", loadavg()},
+      {"onnx_export", onnx_export},
       {"device", o.device},
       {"torch", std::string(TORCH_VERSION) +
                     (torch_python.empty() ? "" : " (Python: " + torch_python + ")")},
@@ -1170,6 +1410,18 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
         {"wait_quiet_s", o.wait_quiet}}},
       {"command", command},
   };
+  // Versions of everything that ran a column (torch, onnxruntime, openvino, transformers).
+  json versions = {{"libtorch", TORCH_VERSION}};
+  for (const auto& [id, w] : workers.items()) {
+    if (w.contains("torch")) versions["torch (Python)"] = w["torch"];
+    if (w.contains("versions")) versions.update(w["versions"]);
+  }
+  meta["versions"] = versions;
+  meta["loadavg_at_start"] = load_at_start;
+  if (!onnx_dir.empty()) {
+    std::error_code ec;
+    fs::remove_all(onnx_dir, ec);  // the export and its external data
+  }
   json report = {{"meta", meta},         {"columns", columns}, {"load_ms", load},
                  {"accuracy", accuracy}, {"workers", workers}, {"results", results}};
   // The measurements first: a report that fails to format must not lose them.

@@ -27,6 +27,9 @@ Output layout under --out DIR:
                                      final_norm
     (--only s2_wide_0.4b) s2_wide_0.4b.safetensors, cards/s2_wide_0.4b.json,
                                      ref/s2_wide_0.4b/astronaut/
+    (--only s2_full_0.4b|0.8b|1b|5b) s2_full_<size>.safetensors: the released size's exact
+                                     layout with random weights, streamed (benchmarks only;
+                                     5b is 20.4 GB and needs that much free disk)
 
 The reference images are the ones tools/make_fixtures.py writes to <out>/images/ (created here
 with its functions when absent).
@@ -110,7 +113,12 @@ def wide_fixture(depth: int = 18) -> S2Fixture:
                      s2.Sapiens2Config(1024, depth, 16, 4096), seed=2002)
 
 
-S2_NAMES = ("s2_tiny", "s2_wide_0.4b")
+# Full-size random-weight files of the released seg sizes, for benchmarks only (never the tests):
+# weights only (no references: a 1024x768 reference pass of 5B takes an hour on 2 cores), written
+# tensor by tensor so that even the 20 GB 5B file needs one tensor of memory (write_streamed).
+FULL_SIZES = {"s2_full_0.4b": "0.4b", "s2_full_0.8b": "0.8b", "s2_full_1b": "1b",
+              "s2_full_5b": "5b"}
+S2_NAMES = ("s2_tiny", "s2_wide_0.4b", *FULL_SIZES)
 S2_DEFAULT = ("s2_tiny",)
 
 
@@ -347,6 +355,113 @@ def write_card(fx: S2Fixture, path: Path, cards_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# Full-size files, streamed
+# ---------------------------------------------------------------------------------------------
+
+
+def full_tensor(name: str, shape: tuple[int, ...], cfg: s2.Sapiens2Config, seed: int
+                ) -> torch.Tensor:
+    """One tensor of a full-size file, by the rules of randomize_ (decided from the key name, as
+    the module tree is never built): each from its own seeded generator, so any tensor can be
+    made without the others."""
+    if name == s2.PERIODS_KEY:
+        return s2.rope_periods(cfg.head_dim)  # bf16, as the module computes it
+    g = torch.Generator().manual_seed(seed)
+    leaf = name.rsplit(".", 2)
+    if name in ("backbone.cls_token", "backbone.storage_tokens"):
+        return torch.randn(shape, generator=g)
+    if (name.endswith(("ln1.weight", "ln2.weight", "q_norm.weight", "k_norm.weight"))
+            or name.endswith("attn.gamma.weight")):
+        return torch.rand(shape, generator=g) + 0.5  # U(0.5, 1.5)
+    if ".deconv_layers." in name:
+        c_in, c_out = shape[:2]
+        mix = torch.randn(c_in, c_out, generator=g) / math.sqrt(c_in)
+        noise = torch.randn(shape, generator=g) / math.sqrt(c_in * 4)
+        return mix[:, :, None, None] * mf.BILINEAR_2X + DECONV_NOISE * noise
+    if leaf[-1] == "weight":  # linears and 1x1 / patch convolutions: N(0, 1/fan_in)
+        return torch.randn(shape, generator=g) / math.sqrt(math.prod(shape[1:]))
+    if name == "decode_head.conv_seg.bias":
+        return torch.randn(shape, generator=g) * 0.1
+    if leaf[-1] == "bias":
+        return torch.randn(shape, generator=g) * 0.05
+    raise FixtureError(f"no initialisation rule for {name}")
+
+
+def write_streamed(path: Path, cfg: s2.Sapiens2Config, seed: int, log) -> int:
+    """Writes a safetensors file of exactly the released layout (every key of expected_shapes,
+    F32, periods BF16, metadata {"format": "pt"}) one tensor at a time; returns its size.
+
+    The format: an 8-byte little-endian header length, the JSON header (entries in the order
+    the safetensors package writes them: by dtype, then name; padded with spaces to 8 bytes),
+    then the tensors' bytes back to back in header order. The file is checked with the
+    safetensors package afterwards (read_back_check)."""
+    shapes = s2.expected_shapes(cfg)
+    dtypes = {k: ("BF16" if k == s2.PERIODS_KEY else "F32") for k in shapes}
+    # safetensors orders by dtype alignment (larger first), then name.
+    order = sorted(shapes, key=lambda k: (-(4 if dtypes[k] == "F32" else 2), k))
+    header: dict = {"__metadata__": METADATA}
+    offset = 0
+    for k in order:
+        n = math.prod(shapes[k]) * (4 if dtypes[k] == "F32" else 2)
+        header[k] = {"dtype": dtypes[k], "shape": list(shapes[k]),
+                     "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path.with_name(path.name + ".part")
+    t0 = time.time()
+    written = 0
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for i, k in enumerate(order):
+            t = full_tensor(k, shapes[k], cfg, seed * 100003 + i).contiguous()
+            want = torch.bfloat16 if dtypes[k] == "BF16" else torch.float32
+            t = t.to(want)
+            f.write(t.view(torch.uint8).numpy().tobytes() if want == torch.bfloat16
+                    else t.numpy().tobytes())
+            written += t.numel() * t.element_size()
+            if i % 50 == 0:
+                log(f"[full] {path.name}: {i}/{len(order)} tensors, {written / 2**30:.1f} GiB, "
+                    f"{time.time() - t0:.0f}s")
+    check(written == offset, f"{path.name}: wrote {written} data bytes, header says {offset}")
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def read_back_check(path: Path, cfg: s2.Sapiens2Config) -> None:
+    """The safetensors package reads the file: the exact key set, shapes and dtypes of the
+    released layout, and a few tensors' values equal to what full_tensor makes."""
+    want = s2.expected_shapes(cfg)
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+        check(keys == set(want), f"{path.name}: key set differs: "
+                                 f"{sorted(keys ^ set(want))[:5]}")
+        for k in keys:
+            sl = f.get_slice(k)
+            check(tuple(sl.get_shape()) == want[k], f"{path.name}: {k} shape")
+            check(str(sl.get_dtype()) == ("BF16" if k == s2.PERIODS_KEY else "F32"),
+                  f"{path.name}: {k} dtype {sl.get_dtype()}")
+        check(f.metadata() == METADATA, f"{path.name}: metadata {f.metadata()}")
+        periods = f.get_tensor(s2.PERIODS_KEY)
+        check(torch.equal(periods, s2.rope_periods(cfg.head_dim)), f"{path.name}: periods")
+
+
+def build_full(name: str, out_dir: Path, log) -> list[Path]:
+    cfg = s2.Sapiens2Config.real(FULL_SIZES[name])
+    path = out_dir / f"{name}.safetensors"
+    want = sum(math.prod(v) for v in s2.expected_shapes(cfg).values()) * 4
+    free = shutil.disk_usage(out_dir).free
+    check(free > want * 1.05, f"{name}: needs {want / 1e9:.1f} GB of disk, {free / 1e9:.1f} free")
+    t0 = time.time()
+    size = write_streamed(path, cfg, seed=3000 + list(FULL_SIZES).index(name), log=log)
+    read_back_check(path, cfg)
+    log(f"[{name}] {path.name}: {size:,d} B ({len(s2.expected_shapes(cfg))} tensors; "
+        f"C {cfg.embed_dim}, L {cfg.depth}, heads {cfg.heads}) in {time.time() - t0:.0f}s")
+    return [path]
+
+
+# ---------------------------------------------------------------------------------------------
 # References
 # ---------------------------------------------------------------------------------------------
 
@@ -526,6 +641,9 @@ def build_sapiens2(out_dir, names=None, images=None, log=print, wide_depth: int 
     check(not unknown, f"unknown Sapiens2 fixtures {unknown}; known: {list(S2_NAMES)}")
     files: list[Path] = []
     for name in names:
+        if name in FULL_SIZES:
+            files += build_full(name, out_dir, log)
+            continue
         fx = tiny_fixture() if name == "s2_tiny" else wide_fixture(wide_depth)
         files += build_one(fx, out_dir, images, log)
     return {"files": files}

@@ -4,6 +4,8 @@
 #
 #   tools/setup.sh            Debian -dev packages + .venv with the pinned torch and test deps
 #   tools/setup.sh --no-apt   skip the Debian packages (e.g. a machine without root)
+#   tools/setup.sh --bench    also the CPU peers that benchmarks/speed_check compares against
+#                             (ONNX Runtime, OpenVINO, transformers; not needed by the tests)
 #
 # LibTorch comes from the pinned PyPI torch wheel: it ships the C++ headers, the shared
 # libraries and TorchConfig.cmake, so no separate LibTorch download is needed.
@@ -29,6 +31,16 @@ PY_REQS=(
   "pandas==3.1.1"             # likewise
   "tqdm==4.70.1"              # Ray Data draws its progress bars with it (none without)
 )
+# The runtimes a CPU user would pick instead of this library, for benchmarks/speed_check's peer
+# columns (benchmarks/peers_python.py, tools/export_onnx.py). Benchmark extras only: CI and the
+# tests never install them.
+BENCH_REQS=(
+  "onnx==1.23.2"              # tools/export_onnx.py writes the peers' ONNX export
+  "onnxscript==0.7.2"         # torch.onnx's exporter imports it
+  "onnxruntime==1.31.1"       # the ONNX Runtime column (CPU provider), and the export's check
+  "openvino==2026.4.1"        # the OpenVINO columns (CPU plugin, f32 and its default precision)
+  "transformers==5.23.0"      # Sapiens2ForSemanticSegmentation, the transformers column
+)
 APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config
   libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
@@ -39,9 +51,11 @@ APT_PKGS=(
 )
 
 with_apt=1
+with_bench=0
 for a in "$@"; do
   case "$a" in
     --no-apt) with_apt=0 ;;
+    --bench) with_bench=1 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -73,6 +87,7 @@ fi
 
 # A stamp of the requirement list makes the second run skip pip entirely.
 stamp=.venv/.sapiens-seg-reqs
+[ "$with_bench" = 1 ] && PY_REQS+=("${BENCH_REQS[@]}")
 want=$(printf '%s\n' "${PY_REQS[@]}")
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   log ".venv up to date (torch ${TORCH_VERSION})"

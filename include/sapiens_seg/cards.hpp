@@ -63,7 +63,11 @@ struct SystemInfo {
   bool cuda_available = false;
   int cuda_devices = 0;
   bool kernels_compiled = false;
-  std::vector<std::string> backends;  // modes that can run on this machine, with why not
+  std::vector<std::string> backends;    // modes that can run on this machine, with why not
+  std::string cpu_model;                // "model name" of /proc/cpuinfo
+  std::vector<std::string> cpu_flags;   // the ISA flags that decide the CPU dtypes (avx2, ...)
+  std::string onednn_cap;               // ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA when set
+  std::vector<std::string> cpu_dtypes;  // "bfloat16: no: ..." per dtype, with the reason
   std::vector<std::string> card_dirs;
 };
 SAPIENS_SEG_API SystemInfo system_info();

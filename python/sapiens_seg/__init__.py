@@ -124,6 +124,14 @@ class SystemInfo:
     cuda_devices: int
     kernels_compiled: bool
     backends: tuple[str, ...]
+    cpu_model: str
+    """``model name`` of ``/proc/cpuinfo``."""
+    cpu_flags: tuple[str, ...]
+    """The ISA flags that decide the CPU dtypes (``avx2``, ``avx512_bf16``, ``amx_bf16``, ...)."""
+    onednn_cap: str
+    """``ONEDNN_MAX_CPU_ISA=...`` (or ``DNNL_MAX_CPU_ISA``) when set, else ``""``."""
+    cpu_dtypes: tuple[str, ...]
+    """One line per dtype of the portable mode on the CPU: ``"bfloat16: no: ..."`` with why."""
     card_dirs: tuple[str, ...]
 
 
@@ -155,4 +163,6 @@ def system_info() -> SystemInfo:
     d = _core.system_info()
     d["backends"] = tuple(d["backends"])
     d["card_dirs"] = tuple(d["card_dirs"])
+    d["cpu_flags"] = tuple(d["cpu_flags"])
+    d["cpu_dtypes"] = tuple(d["cpu_dtypes"])
     return SystemInfo(**d)

@@ -441,6 +441,10 @@ py::dict system_info() {
   d["cuda_devices"] = s.cuda_devices;
   d["kernels_compiled"] = s.kernels_compiled;
   d["backends"] = str_list(s.backends);
+  d["cpu_model"] = to_str(s.cpu_model);
+  d["cpu_flags"] = str_list(s.cpu_flags);
+  d["onednn_cap"] = to_str(s.onednn_cap);
+  d["cpu_dtypes"] = str_list(s.cpu_dtypes);
   d["card_dirs"] = str_list(s.card_dirs);
   return d;
 }

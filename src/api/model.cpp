@@ -291,6 +291,10 @@ Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<C
 Model load(const std::string& id_or_path, const LoadOptions& opt) {
   const auto t0 = Clock::now();
   if (opt.threads > 0) at::set_num_threads(opt.threads);
+  // Device and dtype first: one that cannot run here (no CUDA, bfloat16 on a CPU without fast
+  // bfloat16 GEMMs) fails before any download, hashing or reading.
+  const c10::Device device = core::resolve_device(opt.device);
+  const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
   const io::GateOptions gate{opt.accept_noncommercial, opt.allow_unverified};
 
   std::optional<Card> card;
@@ -327,8 +331,6 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   const std::string family = card ? card->family : detect_family(path);
   if (card) io::show_license_notice(*card);
 
-  const c10::Device device = core::resolve_device(opt.device);
-  const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
   auto impl = std::make_shared<Model::Impl>();
   const Loaded cfg = family == "sapiens2" ? load_v2(*impl, path, card, opt, device, dtype)
                                           : load_v1(*impl, path, card, opt, device, dtype);

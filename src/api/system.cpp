@@ -6,6 +6,7 @@
 #include <opencv2/core/version.hpp>
 
 #include "../core/backends.hpp"
+#include "../core/cpu_caps.hpp"
 #include "../io/paths.hpp"
 #include "sapiens_seg/cards.hpp"
 #include "sapiens_seg/version.hpp"
@@ -24,8 +25,14 @@ SystemInfo system_info() {
   if (s.cuda_available) {
     s.cuda_devices = static_cast<int>(at::getNumGPUs());
   }
+  const core::CpuCaps& caps = core::cpu_caps();
+  std::string cpu_dtypes = "float32";
+  for (const auto t : {at::kBFloat16, at::kHalf}) {
+    if (core::cpu_dtype_unavailable_reason(caps, t).empty())
+      cpu_dtypes += ", " + core::dtype_name(t);
+  }
   s.backends.emplace_back(
-      "portable: cpu (float32, bfloat16)" +
+      "portable: cpu (" + cpu_dtypes + ")" +
       std::string(s.cuda_available ? "; cuda (float16, bfloat16, float32)" : ""));
   s.backends.emplace_back("original: cpu (float32)" +
                           std::string(s.cuda_available ? "; cuda (float32)" : ""));
@@ -33,6 +40,10 @@ SystemInfo system_info() {
       s.cuda_available ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU));
   s.backends.emplace_back(why.empty() ? std::string("kernels: cuda")
                                       : "kernels: unavailable (" + why + ")");
+  s.cpu_model = caps.model;
+  s.cpu_flags = caps.flags();
+  s.onednn_cap = caps.onednn_cap_text;
+  s.cpu_dtypes = core::cpu_dtype_lines(caps);
   s.card_dirs = io::card_dirs();
   return s;
 }

@@ -196,18 +196,29 @@ int run_models_rm(const std::string& id) {
   return 0;
 }
 
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : sep) + i;
+  return out;
+}
+
 int run_info() {
   const SystemInfo s = system_info();
   std::cout << "sapiens-seg " << s.version << "\n"
             << "libtorch    " << s.torch_version << "\n"
             << "opencv      " << s.opencv_version << "\n"
             << "openssl     " << s.openssl_version << "\n"
+            << "cpu         " << s.cpu_model << "\n"
+            << "cpu flags   " << join(s.cpu_flags, " ")
+            << (s.onednn_cap.empty() ? "" : " (oneDNN capped: " + s.onednn_cap + ")") << "\n"
             << "cpu threads " << s.threads << "\n"
             << "cuda        "
             << (s.cuda_available ? std::to_string(s.cuda_devices) + " device(s)" : "no device")
             << "\n"
             << "backends:\n";
   for (const auto& b : s.backends) std::cout << "  " << b << "\n";
+  std::cout << "cpu dtypes (portable):\n";
+  for (const auto& d : s.cpu_dtypes) std::cout << "  " << d << "\n";
   std::cout << "card folders:\n";
   for (const auto& d : s.card_dirs) std::cout << "  " << d << "\n";
   return 0;

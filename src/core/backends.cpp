@@ -6,6 +6,7 @@
 
 #include <tuple>
 
+#include "cpu_caps.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core {
@@ -39,14 +40,16 @@ at::ScalarType resolve_dtype(DType dtype, const c10::Device& device) {
     case DType::kFloat32:
       return at::kFloat;
     case DType::kFloat16:
+    case DType::kBFloat16: {
+      const at::ScalarType t = dtype == DType::kFloat16 ? at::kHalf : at::kBFloat16;
+      // Refused before any work where the CPU has no fast GEMM for it (cpu_caps.hpp): LibTorch
+      // would otherwise run a scalar fallback tens of times slower than float32, silently.
       if (device.is_cpu()) {
-        throw Error(ErrorCode::kBackendUnavailable,
-                    "float16 is not offered on the CPU (use float32, or bfloat16 on CPUs with "
-                    "AVX512-BF16/AMX)");
+        const std::string why = cpu_dtype_unavailable_reason(cpu_caps(), t);
+        if (!why.empty()) throw Error(ErrorCode::kBackendUnavailable, why);
       }
-      return at::kHalf;
-    case DType::kBFloat16:
-      return at::kBFloat16;
+      return t;
+    }
   }
   return at::kFloat;
 }

@@ -33,6 +33,9 @@ class Runner {
 // "" -> cuda:0 when CUDA is usable, else cpu. Throws Error(kBackendUnavailable) for a device
 // that does not exist here and Error(kInvalidInput) for an unparsable one.
 c10::Device resolve_device(const std::string& device);
+// kDefault -> float16 on CUDA, float32 on the CPU. On the CPU an explicit bfloat16 or float16
+// throws Error(kBackendUnavailable) naming the missing instructions where this CPU has no fast
+// GEMM for it (cpu_dtype_unavailable_reason(cpu_caps(), ...)).
 at::ScalarType resolve_dtype(DType dtype, const c10::Device& device);
 std::string dtype_name(at::ScalarType t);
 std::string device_name(const c10::Device& d);

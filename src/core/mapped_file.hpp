@@ -22,4 +22,12 @@ struct MappedFile {
 // reader.
 MappedFile map_file(const std::string& path, const std::string& what);
 
+// Drops this process's resident pages of [data, data + bytes) when that range lies inside a live
+// map_file mapping (whole pages only; the mapping stays valid, and a later read faults the pages
+// back in from the file). For weights that were converted to another dtype or copied to a device:
+// without it the file's pages stay counted in the process's RSS until the map is released, so a
+// bfloat16 load of a 20 GB float32 file would peak at 30 GB instead of 10. Returns the bytes
+// released (0 for memory that is not a file mapping, which is never touched).
+std::size_t release_mapped_pages(const void* data, std::size_t bytes);
+
 }  // namespace sapiens_seg::core

@@ -5,8 +5,11 @@
 #include <ATen/ATen.h>
 #include <torch/script.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -15,6 +18,8 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/cpu_caps.hpp"
+#include "core/mapped_file.hpp"
 #include "core/resize/resize.hpp"
 #include "core/resize/wheel_cubic.hpp"
 #include "core/tensor_ops.hpp"
@@ -273,9 +278,135 @@ TEST(UnitBackends, DeviceAndDtypeRules) {
     EXPECT_TRUE(core::resolve_device("").is_cpu());
   }
   EXPECT_EQ(core::resolve_dtype(DType::kDefault, c10::Device(c10::kCPU)), at::kFloat);
-  expect_error([] { core::resolve_dtype(DType::kFloat16, c10::Device(c10::kCPU)); },
-               ErrorCode::kBackendUnavailable, {"float16"});
+  EXPECT_EQ(core::resolve_dtype(DType::kFloat32, c10::Device(c10::kCPU)), at::kFloat);
+  // The reduced-precision dtypes follow this CPU's capabilities (UnitCpuCaps checks the rule).
+  for (const auto& [dt, t] :
+       {std::pair{DType::kFloat16, at::kHalf}, std::pair{DType::kBFloat16, at::kBFloat16}}) {
+    const std::string why = core::cpu_dtype_unavailable_reason(core::cpu_caps(), t);
+    if (why.empty()) {
+      EXPECT_EQ(core::resolve_dtype(dt, c10::Device(c10::kCPU)), t);
+    } else {
+      const std::string name = core::dtype_name(t);
+      expect_error([dt = dt] { core::resolve_dtype(dt, c10::Device(c10::kCPU)); },
+                   ErrorCode::kBackendUnavailable, {name.c_str()});
+    }
+  }
   EXPECT_FALSE(core::kernels_unavailable_reason(c10::Device(c10::kCPU)).empty());
+}
+
+// ---- the CPU dtype rule, with the detection replaced by other machines' /proc/cpuinfo --------
+
+namespace {
+
+// Flags lines as the kernel prints them (abridged to what matters, plus some noise).
+const char* kHaswell =  // AVX2 + FMA, no AVX512 (the machine kind)
+    "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v3 @ 2.50GHz\n"
+    "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2\n";
+const char* kSkylakeX =  // AVX512-core, no BF16
+    "model name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\n"
+    "flags\t\t: sse4_2 avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl\n";
+const char* kZen4 =  // AVX512-BF16, no AVX512-FP16, no AMX (this project's build machine)
+    "model name\t: AMD EPYC 9654 96-Core Processor\n"
+    "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl "
+    "avx512_bf16 avx512vbmi avx512_vnni\n";
+const char* kSapphireRapids =  // AVX512-BF16, AVX512-FP16, AMX-BF16 (no AMX-FP16)
+    "model name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+    "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 "
+    "avx512_fp16 amx_bf16 amx_tile amx_int8\n";
+
+core::CpuCaps caps_of(const char* text, const std::string& cap = "") {
+  core::CpuCaps c = core::parse_cpuinfo(text);
+  if (!cap.empty()) {
+    c.onednn_cap = core::parse_onednn_isa(cap);
+    c.onednn_cap_text = "DNNL_MAX_CPU_ISA=" + cap;
+  }
+  return c;
+}
+
+std::string reason(const core::CpuCaps& c, at::ScalarType t) {
+  return core::cpu_dtype_unavailable_reason(c, t);
+}
+
+void expect_has(const std::string& text, const std::vector<std::string>& parts) {
+  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << p << " in: " << text;
+}
+
+}  // namespace
+
+TEST(UnitCpuCaps, ParsesCpuinfo) {
+  const auto c = caps_of(kZen4);
+  EXPECT_EQ(c.model, "AMD EPYC 9654 96-Core Processor");
+  EXPECT_TRUE(c.avx2 && c.fma && c.avx512_core() && c.avx512_bf16);
+  EXPECT_FALSE(c.avx512_fp16 || c.amx_bf16 || c.amx_tile);
+  EXPECT_EQ(c.flags(), (std::vector<std::string>{"avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                                 "avx512vl", "avx512dq", "avx512_bf16"}));
+  const auto h = caps_of(kHaswell);
+  EXPECT_TRUE(h.avx2 && h.fma);
+  EXPECT_FALSE(h.avx512f || h.avx512_core() || h.avx512_bf16);
+  EXPECT_EQ(core::parse_cpuinfo("").model, "unknown");
+  EXPECT_TRUE(core::parse_cpuinfo("").flags().empty());
+}
+
+TEST(UnitCpuCaps, OnednnCapNames) {
+  EXPECT_EQ(core::parse_onednn_isa("avx2"), core::OnednnIsa::kAvx2);
+  EXPECT_EQ(core::parse_onednn_isa(" AVX512_CORE_BF16 "), core::OnednnIsa::kAvx512CoreBf16);
+  EXPECT_EQ(core::parse_onednn_isa("AVX10_1_512"), core::OnednnIsa::kAvx512CoreFp16);
+  EXPECT_EQ(core::parse_onednn_isa("AVX512_CORE_AMX"), core::OnednnIsa::kAvx512CoreAmx);
+  EXPECT_EQ(core::parse_onednn_isa("ALL"), core::OnednnIsa::kAll);
+  EXPECT_EQ(core::parse_onednn_isa(""), core::OnednnIsa::kAll);
+  EXPECT_LT(core::OnednnIsa::kAvx2, core::OnednnIsa::kAvx512CoreBf16);
+}
+
+TEST(UnitCpuCaps, Float32RunsEverywhere) {
+  for (const char* cpu : {kHaswell, kSkylakeX, kZen4, kSapphireRapids, ""}) {
+    EXPECT_EQ(reason(caps_of(cpu, "AVX2"), at::kFloat), "");
+  }
+}
+
+TEST(UnitCpuCaps, Bfloat16OnlyWithNativeDotProducts) {
+  // AVX2 + FMA only: the machine, where LibTorch ran the scalar fallback GEMM.
+  const std::string h = reason(caps_of(kHaswell), at::kBFloat16);
+  expect_has(h, {"bfloat16", "AVX512-BF16 or AMX-BF16", "AVX2 and FMA, no AVX512", "E5-2680 v3",
+                 "use float32"});
+  // AVX512 without BF16: oneDNN only emulates bf16 there (slower than float32).
+  expect_has(reason(caps_of(kSkylakeX), at::kBFloat16), {"AVX512 (F, BW, VL, DQ)", "AMX-BF16"});
+  EXPECT_EQ(reason(caps_of(kZen4), at::kBFloat16), "");
+  EXPECT_EQ(reason(caps_of(kSapphireRapids), at::kBFloat16), "");
+  // AMX-BF16 alone (no AVX512-BF16 flag) also counts.
+  core::CpuCaps amx = caps_of(kSkylakeX);
+  amx.amx_tile = amx.amx_bf16 = true;
+  EXPECT_EQ(reason(amx, at::kBFloat16), "");
+}
+
+TEST(UnitCpuCaps, Float16OnlyWithNativeFp16) {
+  expect_has(reason(caps_of(kZen4), at::kHalf),
+             {"float16", "AVX512-FP16 or AMX-FP16", "AVX512-BF16", "EPYC 9654"});
+  expect_has(reason(caps_of(kHaswell), at::kHalf), {"float16", "no AVX512"});
+  EXPECT_EQ(reason(caps_of(kSapphireRapids), at::kHalf), "");
+}
+
+TEST(UnitCpuCaps, OnednnIsaCapRefusesWhatItHides) {
+  // DNNL_MAX_CPU_ISA=AVX2 makes oneDNN behave as on an AVX2 CPU, whatever the flags say.
+  expect_has(reason(caps_of(kZen4, "AVX2"), at::kBFloat16),
+             {"capped", "DNNL_MAX_CPU_ISA=AVX2", "AVX512_CORE_BF16", "AVX512-BF16"});
+  expect_has(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kHalf),
+             {"AVX512-FP16", "AVX512_CORE_FP16"});
+  EXPECT_EQ(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kBFloat16), "");
+  EXPECT_EQ(reason(caps_of(kZen4, "ALL"), at::kBFloat16), "");
+  core::CpuCaps off = caps_of(kZen4);
+  off.mkldnn_enabled = false;
+  expect_has(reason(off, at::kBFloat16), {"oneDNN", "disabled"});
+}
+
+TEST(UnitCpuCaps, InfoLinesSayWhy) {
+  const auto lines = core::cpu_dtype_lines(caps_of(kHaswell));
+  ASSERT_EQ(lines.size(), 3u);
+  expect_has(lines[0], {"float32: yes"});
+  expect_has(lines[1], {"bfloat16: no:", "AVX512-BF16"});
+  expect_has(lines[2], {"float16: no:", "AVX512-FP16"});
+  const auto spr = core::cpu_dtype_lines(caps_of(kSapphireRapids));
+  expect_has(spr[1], {"bfloat16: yes", "AVX512-BF16 and AMX-BF16"});
+  expect_has(spr[2], {"float16: yes", "AVX512-FP16"});
 }
 
 TEST(UnitCheckpoint, ConfigFromShapesAndGraph) {
@@ -813,4 +944,35 @@ TEST(UnitArchive, HugeSizesAndOffsetsAreRefusedNotOverflowed) {
                       {"data/0", floats({1.f, 2.f, 3.f, 4.f})}}));
       },
       {"storage offset 9 past its storage of 4 elements"});
-}
+  // ---- dropping the file pages of converted weights (the 5B bfloat16 load) ---------------------
+
+  TEST(UnitMappedFile, ReleasesPagesOnlyInsideFileMappings) {
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                       ("sapiens_seg_map_" + std::to_string(::getpid()) + ".bin");
+    std::vector<std::uint8_t> bytes(8 * page);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    {
+      const core::MappedFile m = core::map_file(path.string(), "test file");
+      ASSERT_EQ(m.size, bytes.size());
+      std::uint64_t sum = 0;
+      for (std::size_t i = 0; i < m.size; ++i) sum += m.data[i];  // fault every page in
+      EXPECT_GT(sum, 0u);
+      // Whole pages strictly inside the range: an unaligned start skips its partial page.
+      EXPECT_EQ(core::release_mapped_pages(m.data + 1, 3 * page), 2 * page);
+      EXPECT_EQ(core::release_mapped_pages(m.data, m.size), m.size);
+      EXPECT_EQ(core::release_mapped_pages(m.data, page / 2), 0u);       // no whole page
+      EXPECT_EQ(core::release_mapped_pages(m.data + page, m.size), 0u);  // runs past the map
+      // The mapping still reads the file's bytes after its pages were dropped.
+      EXPECT_EQ(std::vector<std::uint8_t>(m.data, m.data + m.size), bytes);
+    }
+    // Anonymous memory is never touched (MADV_DONTNEED would zero it).
+    std::vector<std::uint8_t> heap(bytes);
+    EXPECT_EQ(core::release_mapped_pages(heap.data(), heap.size()), 0u);
+    EXPECT_EQ(heap, bytes);
+    // After the map is gone its range is not a mapping any more.
+    std::filesystem::remove(path);
+  }

@@ -298,13 +298,47 @@ def test_backend_unavailable():
     with pytest.raises(BackendUnavailableError, match="kernels") as e:
         segmentation.load(TINY_A, mode="kernels", device="cpu")
     assert e.value.code == ErrorCode.BACKEND_UNAVAILABLE
-    with pytest.raises(BackendUnavailableError, match="float16"):
-        segmentation.load(TINY_A, device="cpu", dtype="float16")
-    with pytest.raises(BackendUnavailableError, match="float16"):
-        segmentation.load(TINY_A, device=torch.device("cpu"), dtype=torch.float16)
+    if any(d.startswith("float16: no") for d in sapiens_seg.system_info().cpu_dtypes):
+        with pytest.raises(BackendUnavailableError, match="AVX512-FP16"):
+            segmentation.load(TINY_A, device="cpu", dtype="float16")
+        with pytest.raises(BackendUnavailableError, match="float16"):
+            segmentation.load(TINY_A, device=torch.device("cpu"), dtype=torch.float16)
     if not sapiens_seg.system_info().cuda_available:
         with pytest.raises(BackendUnavailableError, match="CUDA"):
             segmentation.load(TINY_A, device="cuda:0")
+
+
+def test_bfloat16_refused_on_a_cpu_without_fast_bf16_gemms():
+    # A fresh process: the CPU's capabilities are read once, at the first load.
+    code = ("import sapiens_seg, sys\n"
+            "from sapiens_seg import segmentation, BackendUnavailableError\n"
+            "info = sapiens_seg.system_info()\n"
+            "assert 'avx2' in info.cpu_flags and 'avx512_bf16' not in info.cpu_flags, info\n"
+            "assert info.backends[0].startswith('portable: cpu (float32)'), info.backends\n"
+            "assert info.cpu_dtypes[1].startswith('bfloat16: no: '), info.cpu_dtypes\n"
+            "try:\n"
+            f"    segmentation.load({str(TINY_A)!r}, device='cpu', dtype='bfloat16')\n"
+            "except BackendUnavailableError as e:\n"
+            "    print(e)\n"
+            "else:\n"
+            "    sys.exit('loaded')\n")
+    env = clean_env(SAPIENS_SEG_CPU_FLAGS="sse4_2 avx f16c fma avx2",
+                    PYTHONPATH=os.pathsep.join([str(PKG_PARENT), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "AVX512-BF16 or AMX-BF16" in r.stdout and "AVX2 and FMA" in r.stdout
+
+
+def test_system_info_describes_the_cpu():
+    info = sapiens_seg.system_info()
+    assert info.cpu_model
+    assert [d.split(":")[0] for d in info.cpu_dtypes] == ["float32", "bfloat16", "float16"]
+    assert info.cpu_dtypes[0].startswith("float32: yes")
+    bf16 = info.cpu_dtypes[1].startswith("bfloat16: yes")
+    assert bf16 == ("bfloat16" in info.backends[0])
+    assert bf16 == ("avx512_bf16" in info.cpu_flags or "amx_bf16" in info.cpu_flags) or \
+        info.onednn_cap
 
 
 def test_missing_files_raise_weights_not_found(model, tmp_path):

@@ -151,3 +151,52 @@ def test_models_and_info():
     r = run("info")
     assert r.returncode == 0
     assert "libtorch" in r.stdout and "kernels: unavailable" in r.stdout
+
+
+# ---- CPU dtypes follow the CPU's instructions (issue: bfloat16 on AVX2-only CPUs) -------------
+
+AVX2_ONLY = "fpu sse sse2 sse4_1 sse4_2 avx f16c fma avx2"  # an AVX2 + FMA CPU's flags
+
+
+def test_info_lists_the_cpu_dtypes_and_why():
+    r = run("info", env={"SAPIENS_SEG_CPU_FLAGS": AVX2_ONLY})
+    assert r.returncode == 0, r.stderr
+    assert "cpu flags   avx2 fma f16c\n" in r.stdout
+    assert "portable: cpu (float32)" in r.stdout
+    assert "float32: yes" in r.stdout
+    assert "bfloat16: no: " in r.stdout and "AVX512-BF16 or AMX-BF16" in r.stdout
+    assert "float16: no: " in r.stdout and "AVX512-FP16 or AMX-FP16" in r.stdout
+    r = run("info", env={"DNNL_MAX_CPU_ISA": "AVX2"})
+    assert r.returncode == 0, r.stderr
+    assert "oneDNN capped: DNNL_MAX_CPU_ISA=AVX2" in r.stdout
+    assert "bfloat16: no: " in r.stdout
+
+
+@pytest.mark.parametrize("env", [{"SAPIENS_SEG_CPU_FLAGS": AVX2_ONLY},
+                                 {"DNNL_MAX_CPU_ISA": "AVX2"}], ids=["avx2-cpu", "onednn-cap"])
+def test_bfloat16_is_refused_where_the_cpu_has_no_fast_bf16_gemm(tmp_path, env):
+    out = tmp_path / "out"
+    r = run("segment", EXAMPLE, "-o", out, "--model", FIXTURES / "tiny_a_torchscript.pt2",
+            "--dtype", "bfloat16", env=env)
+    assert r.returncode == 16, r.stderr  # backend unavailable
+    assert "bfloat16" in r.stderr and "AVX512-BF16" in r.stderr and "float32" in r.stderr
+    assert not list(out.glob("*_seg.*"))
+    # Before any work: the dtype is refused before the checkpoint is even looked for.
+    r = run("segment", EXAMPLE, "-o", out, "--model", tmp_path / "missing_torchscript.pt2",
+            "--dtype", "bfloat16", env=env)
+    assert r.returncode == 16, r.stderr
+    # float32 still runs there.
+    r = run("segment", EXAMPLE, "-o", out, "--model", FIXTURES / "tiny_a_torchscript.pt2",
+            "--save", "labels", env=env)
+    assert r.returncode == 0, r.stderr
+
+
+def test_bfloat16_runs_where_the_cpu_has_it(tmp_path):
+    flags = open("/proc/cpuinfo", encoding="ascii", errors="replace").read()
+    if " avx512_bf16" not in flags and " amx_bf16" not in flags:
+        pytest.skip("this CPU has neither AVX512-BF16 nor AMX-BF16")
+    r = run("segment", EXAMPLE, "-o", tmp_path, "--model", FIXTURES / "tiny_a_torchscript.pt2",
+            "--dtype", "bfloat16", "--save", "json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["backend"]["dtype"] == "bfloat16"

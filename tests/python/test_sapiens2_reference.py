@@ -490,3 +490,43 @@ def test_independent_forward_matches_reference(sd):
     with torch.no_grad():
         got = functional_forward(sd, x, cos, sin)
     assert_matches_batch(got)
+
+
+# ---- full-size benchmark files, streamed (tools/sapiens2_fixtures.py --only s2_full_*) --------
+
+def test_streamed_full_size_writer_is_byte_identical_to_safetensors(tmp_path):
+    """write_streamed (used for the 20 GB 5B file, one tensor in memory at a time) writes the
+    same bytes as the safetensors package's save_file of the same tensors, here at tiny size."""
+    import sapiens2_fixtures as s2f
+    from safetensors.torch import save_file
+
+    cfg = s2f.tiny_fixture().cfg
+    streamed = tmp_path / "streamed.safetensors"
+    s2f.write_streamed(streamed, cfg, seed=7, log=lambda *a: None)
+    s2f.read_back_check(streamed, cfg)
+    shapes = s2.expected_shapes(cfg)
+    order = sorted(shapes, key=lambda k: (-(4 if k != s2.PERIODS_KEY else 2), k))
+    sd = {k: s2f.full_tensor(k, shapes[k], cfg, 7 * 100003 + i).contiguous()
+          for i, k in enumerate(order)}
+    ref = tmp_path / "ref.safetensors"
+    save_file(sd, str(ref), metadata={"format": "pt"})
+    assert streamed.read_bytes() == ref.read_bytes()
+    model = s2.load_strict(streamed, cfg)  # the strict loader takes it
+    assert model.backbone.rope_embed.periods.dtype == torch.bfloat16
+    # Every parameter got a rule of its own (none left at a constant).
+    for k, t in sd.items():
+        if k != s2.PERIODS_KEY:
+            assert float(t.std()) > 0, k
+
+
+def test_full_size_configs_are_the_released_shapes():
+    import sapiens2_fixtures as s2f
+
+    counts = {"0.4b": 406_601_693, "0.8b": 827_531_997, "1b": 1_470_819_805,
+              "5b": 5_089_588_637}  # spec sapiens2.md section 4.5
+    for name, size in s2f.FULL_SIZES.items():
+        cfg = s2.Sapiens2Config.real(size)
+        shapes = s2.expected_shapes(cfg)
+        n = sum(math.prod(v) for k, v in shapes.items() if k != s2.PERIODS_KEY)
+        assert n == counts[size], name
+        assert len(shapes) == 17 * cfg.depth + 16

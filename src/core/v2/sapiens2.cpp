@@ -11,6 +11,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "../layout.hpp"
+#include "../mapped_file.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v2 {
@@ -326,7 +327,14 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
     : config_(std::move(config)), dtype_(dtype), device_(device) {
   c10::InferenceMode guard;
   auto get = [&](const std::string& key) {
-    return t.at(key).to(device, dtype, /*non_blocking=*/false, /*copy=*/false).contiguous();
+    const at::Tensor& src = t.at(key);
+    at::Tensor out = src.to(device, dtype, /*non_blocking=*/false, /*copy=*/false).contiguous();
+    // A converted copy no longer needs the file's pages (a 5B bfloat16 load would otherwise
+    // keep the 20 GB of float32 pages resident beside its 10 GB of weights).
+    if (out.data_ptr() != src.data_ptr() && src.is_contiguous()) {
+      release_mapped_pages(src.data_ptr(), src.nbytes());
+    }
+    return out;
   };
   const auto& c = config_;
   patch_w_ = get("backbone.patch_embed.projection.weight");

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Where the time goes, per kind of operation, in the library's portable network and in the
+peers (ONNX Runtime, OpenVINO) on the same checkpoint and input: to see where one loses to the
+other.
+
+- portable: the Python binding (same process, same LibTorch) under torch.profiler; aten ops are
+  grouped by kind (self CPU time, so nested ops are not counted twice);
+- ONNX Runtime: its own per-node profile (SessionOptions.enable_profiling);
+- OpenVINO: its per-layer performance counters (PERF_COUNT), for f32 and its default precision.
+
+Each runtime runs `--calls` network calls after a warm-up; the breakdown is the mean per call, in
+ms, by kind: linear (GEMMs of the blocks), attention (QK^T, softmax, AV, or a fused kernel),
+norms (LayerNorm / RMSNorm / InstanceNorm), activations (GELU, SiLU), head convolutions
+(deconvolutions and 1x1 convolutions), data movement (copies, reshapes, transposes, concat) and
+the rest.
+
+    python benchmarks/profile_peers.py --model FILE.pt2|.safetensors --onnx FILE.onnx \
+        [--calls 3] [--threads N] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+KINDS = ("linear", "attention", "norm", "activation", "head conv", "data movement", "other")
+
+
+def kind_of(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("attention", "softmax", "sdpa", "flash", "_efficient", "bmm",
+                            "baddbmm")):
+        return "attention"
+    if any(k in n for k in ("convolution", "conv", "deconv", "mkldnn_convolution")):
+        return "head conv"
+    if any(k in n for k in ("matmul", "gemm", "linear", "addmm", "fullyconnected", "fusedmatmul",
+                            "innerproduct", "mm")):
+        return "linear"
+    if any(k in n for k in ("norm", "rms", "reducemean", "mvn", "normalize")):
+        return "norm"
+    if any(k in n for k in ("gelu", "silu", "erf", "sigmoid", "swish", "tanh", "eltwise")):
+        return "activation"
+    if any(k in n for k in ("copy", "reshape", "transpose", "permute", "contiguous", "concat",
+                            "cat", "cast", "convert", "reorder", "view", "gather", "slice",
+                            "split", "expand", "clone", "empty", "to", "stack", "select")):
+        return "data movement"
+    return "other"
+
+
+def example(h: int, w: int) -> np.ndarray:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(1, 3, h, w, generator=g).numpy()
+
+
+def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str) -> dict:
+    import sapiens_seg  # noqa: PLC0415
+    from sapiens_seg import segmentation  # noqa: PLC0415
+
+    m = segmentation.load(model, mode="portable", device="cpu", dtype=dtype,
+                          allow_unverified=True, accept_noncommercial=True)
+    # raw network: an image of the network's input size, no resize; the profile still shows the
+    # pre/post ops, which are reported apart under "other" (upsample, argmax).
+    h, w = x.shape[2:]
+    img = (np.clip(x[0].transpose(1, 2, 0) * 50 + 128, 0, 255)).astype(np.uint8)
+    m(img)  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            m(img)
+    by = collections.Counter()
+    for e in prof.key_averages():
+        if e.key.startswith("aten::") or e.key.startswith("mkldnn"):
+            by[e.key] += e.self_cpu_time_total / 1e3 / calls
+    del sapiens_seg
+    return dict(by)
+
+
+def profile_ort(onnx: str, x: np.ndarray, calls: int, threads: int, tmp: str) -> dict:
+    import onnxruntime as ort  # noqa: PLC0415
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tmp, "ort_profile")
+    sess = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    sess.run(None, {name: x})
+    path = sess.end_profiling()
+    so.enable_profiling = True
+    sess = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
+    sess.run(None, {name: x})  # warm-up
+    for _ in range(calls):
+        sess.run(None, {name: x})
+    path = sess.end_profiling()
+    events = json.load(open(path))
+    per_run = collections.Counter()
+    runs = 0
+    for e in events:
+        if e.get("cat") == "Session" and e.get("name") == "model_run":
+            runs += 1
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            op = e.get("args", {}).get("op_name", e["name"])
+            per_run[op] += e["dur"] / 1e3
+    runs = max(runs, 1)
+    return {k: v / runs for k, v in per_run.items()}
+
+
+def profile_ov(onnx: str, x: np.ndarray, calls: int, threads: int, precision: str | None) -> dict:
+    import openvino as ov  # noqa: PLC0415
+
+    core = ov.Core()
+    cfg = {"PERF_COUNT": True, "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision:
+        cfg["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(onnx, "CPU", cfg)
+    req = compiled.create_infer_request()
+    req.infer({0: x})
+    by = collections.Counter()
+    for _ in range(calls):
+        req.infer({0: x})
+        for p in req.get_profiling_info():
+            by[p.node_type + " " + p.exec_type] += p.real_time.total_seconds() * 1e3
+    return {k: v / calls for k, v in by.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--onnx", required=True)
+    ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--dtypes", default="float32", help="portable dtypes to profile")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    import onnx as onnx_pkg  # noqa: PLC0415
+
+    shape = [d.dim_value for d in
+             onnx_pkg.load(args.onnx, load_external_data=False).graph.input[0].type.tensor_type
+             .shape.dim]
+    x = example(shape[2], shape[3])
+    import tempfile  # noqa: PLC0415
+
+    out = {"meta": {"date": time.strftime("%Y-%m-%d"), "model": os.path.basename(args.model),
+                    "threads": threads, "calls": args.calls,
+                    "loadavg": open("/proc/loadavg").read().split()[:3]}, "ms_per_call": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for dt in args.dtypes.split(","):
+            out["ms_per_call"][f"portable {dt}"] = profile_portable(args.model, x, args.calls, dt)
+        out["ms_per_call"]["onnxruntime"] = profile_ort(args.onnx, x, args.calls, threads, tmp)
+        out["ms_per_call"]["openvino f32"] = profile_ov(args.onnx, x, args.calls, threads, "f32")
+        out["ms_per_call"]["openvino default"] = profile_ov(args.onnx, x, args.calls, threads,
+                                                            None)
+    # Per op name -> per kind.
+    out["by_op"] = out.pop("ms_per_call")
+    out["ms_per_call"] = {}
+    for col, ops in out["by_op"].items():
+        kinds = collections.Counter()
+        for op, ms in ops.items():
+            kinds[kind_of(op)] += ms
+        out["ms_per_call"][col] = dict(kinds)
+    cols = list(out["ms_per_call"])
+    print("| kind | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for k in KINDS + ("total",):
+        cells = []
+        for c in cols:
+            d = out["ms_per_call"][c]
+            v = sum(d.values()) if k == "total" else d.get(k, 0.0)
+            cells.append(f"{v:.0f}")
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The full-size CPU protocol of the peers comparison (ONNX Runtime, OpenVINO, transformers and
+# the authors' pipeline beside this library), on a quiet machine. Writes benchmarks/results/ and
+# regenerates the README's performance section. Steps can be run alone:
+#
+#   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|s2-0.4b|s2-1b|memory-5b|readme]...
+#
+# Times on 2 cores (AVX512-BF16), roughly: fixtures 40 min (1.4 + 1.6 + 5.9 GB), probe 2 min,
+# v1 1 h, s2-0.4b 1 h, s2-1b 1.5 h, memory-5b 1 h (a 20.4 GB file; delete it afterwards).
+# Every speed_check run waits for a quiet machine before each timed call (--wait-quiet) and
+# records the load it saw; every result file records the CPU model, ISA flags, cores, load and
+# versions.
+#
+# Memory: speed_check keeps every column's model loaded at once (one process each). At 1b
+# (5.9 GB of float32) all seven columns would need ~40 GB, so the 1b run is split in two runs
+# that share the library's columns (ratios are taken within a run, never across runs).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+PY=${PY:-.venv/bin/python}
+BUILD=${BUILD:-build-bench}
+FIX=${FIX:-$BUILD/fixtures}
+ONNX=${ONNX:-$BUILD/onnx}
+RES=${RES:-benchmarks/results}
+SC="$BUILD/bin/speed_check"
+QUIET=${QUIET:-120}
+COMMON=(--batch 1 --warmup 1 --rounds 3 --calls 1 --wait-quiet "$QUIET")
+
+log() { printf '[run_cpu_peers] %s\n' "$*" >&2; }
+
+step_setup() {
+  tools/setup.sh --bench
+  cmake --preset release -B "$BUILD" -DSAPIENS_SEG_BUILD_BENCHMARKS=ON
+  cmake --build "$BUILD" --target speed_check sapiens-seg -- -j"$(nproc)"
+}
+
+step_fixtures() {
+  mkdir -p "$FIX" "$ONNX"
+  [ -f "$FIX/full_0.3b_torchscript.pt2" ] || "$PY" tools/make_fixtures.py --out "$FIX" --only full_0.3b
+  [ -f "$FIX/s2_full_0.4b.safetensors" ] || "$PY" tools/sapiens2_fixtures.py --out "$FIX" --only s2_full_0.4b
+  [ -f "$FIX/s2_full_1b.safetensors" ] || "$PY" tools/sapiens2_fixtures.py --out "$FIX" --only s2_full_1b
+  # One ONNX export per file, checked against the original (tools/export_onnx.py), reused by
+  # every run below.
+  for f in full_0.3b_torchscript.pt2 s2_full_0.4b.safetensors s2_full_1b.safetensors; do
+    out="$ONNX/${f%.*}.onnx"
+    [ -f "$out" ] || "$PY" tools/export_onnx.py --model "$FIX/$f" --out "$out"
+  done
+}
+
+step_probe() {
+  # bf16/fp16 vs fp32 GEMM and attention with oneDNN capped at each ISA level: the CPU dtype
+  # rule's measurements (src/core/cpu_caps.hpp).
+  "$PY" benchmarks/cpu_dtype_probe.py --json "$RES/cpu-dtype-probe.json"
+}
+
+step_v1() {
+  "$SC" --model "$FIX/full_0.3b_torchscript.pt2" --onnx "$ONNX/full_0.3b_torchscript.onnx" \
+    --modes original-python,original,portable,onnxruntime,openvino --dtype float32,bfloat16 \
+    --sizes 1024x768,3000x4000 "${COMMON[@]}" \
+    --json "$RES/cpu-peers-full_0.3b.json" --markdown "$RES/cpu-peers-full_0.3b.md"
+}
+
+step_s2_04() {
+  "$SC" --model "$FIX/s2_full_0.4b.safetensors" --onnx "$ONNX/s2_full_0.4b.onnx" \
+    --modes original-python,portable,onnxruntime,openvino,transformers \
+    --dtype float32,bfloat16 --sizes 1024x768,3000x4000 "${COMMON[@]}" \
+    --json "$RES/cpu-peers-s2_full_0.4b.json" --markdown "$RES/cpu-peers-s2_full_0.4b.md"
+}
+
+step_s2_1b() {
+  # Two runs (memory, see above), each with the library's two columns.
+  "$SC" --model "$FIX/s2_full_1b.safetensors" \
+    --modes original-python,portable,transformers --dtype float32,bfloat16 \
+    --sizes 1024x768 "${COMMON[@]}" --load-repeats 1 \
+    --json "$RES/cpu-peers-s2_full_1b-a.json" --markdown "$RES/cpu-peers-s2_full_1b-a.md"
+  "$SC" --model "$FIX/s2_full_1b.safetensors" --onnx "$ONNX/s2_full_1b.onnx" \
+    --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
+    --sizes 1024x768 "${COMMON[@]}" --load-repeats 1 \
+    --json "$RES/cpu-peers-s2_full_1b-b.json" --markdown "$RES/cpu-peers-s2_full_1b-b.md"
+}
+
+step_memory_5b() {
+  # Peak RSS of load + one 1024x768 call of Sapiens2 5B, bfloat16 and float32 (mapped), beside
+  # the authors' load_file + load_state_dict path (measured where it fits, else estimated and
+  # measured on 0.4b for its peak-to-file ratio). Needs ~21 GB of disk for the file.
+  [ -f "$FIX/s2_full_5b.safetensors" ] || "$PY" tools/sapiens2_fixtures.py --out "$FIX" --only s2_full_5b
+  "$PY" benchmarks/peak_memory.py --model "$FIX/s2_full_5b.safetensors" \
+    --cli "$BUILD/bin/sapiens-seg" --dtypes bfloat16,float32 \
+    --authors-model "$FIX/s2_full_0.4b.safetensors" --json "$RES/cpu-memory-s2_5b.json"
+  log "delete $FIX/s2_full_5b.safetensors when done (20.4 GB); the generator rebuilds it"
+}
+
+step_readme() {
+  results=()
+  for f in cpu-peers-full_0.3b cpu-peers-s2_full_0.4b cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
+           cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
+    [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
+  done
+  "$PY" benchmarks/readme_performance.py "${results[@]}"
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+for s in "${steps[@]}"; do
+  case "$s" in
+    all) step_setup; step_fixtures; step_probe; step_v1; step_s2_04; step_s2_1b; step_memory_5b
+         step_readme ;;
+    setup) step_setup ;;
+    fixtures) step_fixtures ;;
+    probe) step_probe ;;
+    v1) step_v1 ;;
+    s2-0.4b) step_s2_04 ;;
+    s2-1b) step_s2_1b ;;
+    memory-5b) step_memory_5b ;;
+    readme) step_readme ;;
+    *) echo "run_cpu_peers.sh: unknown step $s" >&2; exit 2 ;;
+  esac
+done
