@@ -944,35 +944,38 @@ TEST(UnitArchive, HugeSizesAndOffsetsAreRefusedNotOverflowed) {
                       {"data/0", floats({1.f, 2.f, 3.f, 4.f})}}));
       },
       {"storage offset 9 past its storage of 4 elements"});
-  // ---- dropping the file pages of converted weights (the 5B bfloat16 load) ---------------------
+}
 
-  TEST(UnitMappedFile, ReleasesPagesOnlyInsideFileMappings) {
-    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    const std::filesystem::path path = std::filesystem::temp_directory_path() /
-                                       ("sapiens_seg_map_" + std::to_string(::getpid()) + ".bin");
-    std::vector<std::uint8_t> bytes(8 * page);
-    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
-    std::ofstream(path, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()),
-               static_cast<std::streamsize>(bytes.size()));
-    {
-      const core::MappedFile m = core::map_file(path.string(), "test file");
-      ASSERT_EQ(m.size, bytes.size());
-      std::uint64_t sum = 0;
-      for (std::size_t i = 0; i < m.size; ++i) sum += m.data[i];  // fault every page in
-      EXPECT_GT(sum, 0u);
-      // Whole pages strictly inside the range: an unaligned start skips its partial page.
-      EXPECT_EQ(core::release_mapped_pages(m.data + 1, 3 * page), 2 * page);
-      EXPECT_EQ(core::release_mapped_pages(m.data, m.size), m.size);
-      EXPECT_EQ(core::release_mapped_pages(m.data, page / 2), 0u);       // no whole page
-      EXPECT_EQ(core::release_mapped_pages(m.data + page, m.size), 0u);  // runs past the map
-      // The mapping still reads the file's bytes after its pages were dropped.
-      EXPECT_EQ(std::vector<std::uint8_t>(m.data, m.data + m.size), bytes);
-    }
-    // Anonymous memory is never touched (MADV_DONTNEED would zero it).
-    std::vector<std::uint8_t> heap(bytes);
-    EXPECT_EQ(core::release_mapped_pages(heap.data(), heap.size()), 0u);
-    EXPECT_EQ(heap, bytes);
-    // After the map is gone its range is not a mapping any more.
-    std::filesystem::remove(path);
+// ---- dropping the file pages of converted weights (the 5B bfloat16 load) ---------------------
+
+TEST(UnitMappedFile, ReleasesPagesOnlyInsideFileMappings) {
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("sapiens_seg_map_" + std::to_string(::getpid()) + ".bin");
+  std::vector<std::uint8_t> bytes(8 * page);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  {
+    const core::MappedFile m = core::map_file(path.string(), "test file");
+    ASSERT_EQ(m.size, bytes.size());
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < m.size; ++i) sum += m.data[i];  // fault every page in
+    EXPECT_GT(sum, 0u);
+    // Whole pages strictly inside the range: an unaligned start skips its partial page.
+    EXPECT_EQ(core::release_mapped_pages(m.data + 1, 3 * page), 2 * page);
+    EXPECT_EQ(core::release_mapped_pages(m.data, m.size), m.size);
+    EXPECT_EQ(core::release_mapped_pages(m.data, page / 2), 0u);       // no whole page
+    EXPECT_EQ(core::release_mapped_pages(m.data + page, m.size), 0u);  // runs past the map
+    // The mapping still reads the file's bytes after its pages were dropped.
+    EXPECT_EQ(std::vector<std::uint8_t>(m.data, m.data + m.size), bytes);
   }
+  // Anonymous memory is never touched (MADV_DONTNEED would zero it).
+  std::vector<std::uint8_t> heap(bytes);
+  EXPECT_EQ(core::release_mapped_pages(heap.data(), heap.size()), 0u);
+  EXPECT_EQ(heap, bytes);
+  // After the map is gone its range is not a mapping any more.
+  std::filesystem::remove(path);
+}
+}
