@@ -978,4 +978,3 @@ TEST(UnitMappedFile, ReleasesPagesOnlyInsideFileMappings) {
   // After the map is gone its range is not a mapping any more.
   std::filesystem::remove(path);
 }
-}
