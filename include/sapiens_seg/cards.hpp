@@ -68,6 +68,10 @@ struct SystemInfo {
   std::vector<std::string> cpu_flags;   // the ISA flags that decide the CPU dtypes (avx2, ...)
   std::string onednn_cap;               // ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA when set
   std::vector<std::string> cpu_dtypes;  // "bfloat16: no: ..." per dtype, with the reason
+  // Which code path of the opencv-python wheel's INTER_CUBIC (Intel IPP's) this CPU takes, and
+  // so whose bytes the Sapiens2 resize reproduces here: "ipp-k0-icx", "ipp-k0-skx", "ipp-l9",
+  // "ipp-y8" or "opencv" (no IPP).
+  std::string wheel_cubic_path;
   std::vector<std::string> card_dirs;
 };
 SAPIENS_SEG_API SystemInfo system_info();

@@ -132,6 +132,9 @@ class SystemInfo:
     """``ONEDNN_MAX_CPU_ISA=...`` (or ``DNNL_MAX_CPU_ISA``) when set, else ``""``."""
     cpu_dtypes: tuple[str, ...]
     """One line per dtype of the portable mode on the CPU: ``"bfloat16: no: ..."`` with why."""
+    wheel_cubic_path: str
+    """The opencv-python wheel's ``INTER_CUBIC`` code path on this CPU (``"ipp-k0-icx"``, ...,
+    ``"opencv"``): whose bytes the Sapiens2 resize reproduces here."""
     card_dirs: tuple[str, ...]
 
 

@@ -7,6 +7,7 @@
 
 #include "../core/backends.hpp"
 #include "../core/cpu_caps.hpp"
+#include "../core/resize/wheel_cubic.hpp"
 #include "../io/paths.hpp"
 #include "sapiens_seg/cards.hpp"
 #include "sapiens_seg/version.hpp"
@@ -44,6 +45,7 @@ SystemInfo system_info() {
   s.cpu_flags = caps.flags();
   s.onednn_cap = caps.onednn_cap_text;
   s.cpu_dtypes = core::cpu_dtype_lines(caps);
+  s.wheel_cubic_path = core::resize_detail::to_string(core::resize_detail::wheel_ipp_path());
   s.card_dirs = io::card_dirs();
   return s;
 }
