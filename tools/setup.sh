@@ -33,6 +33,9 @@ APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config
   libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
   libssl-dev libcurl4-openssl-dev
+  # image headers read before decoding (src/io/image_header.cpp); the first four are OpenCV's
+  # own decoders, stb_image reads BMP and PGM/PPM headers
+  libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libstb-dev
   python3-dev python3-venv # the venv, and Python.h for the binding
 )
 

@@ -30,6 +30,7 @@ from .errors import (
     InvalidInputError,
     LicenseNotAcceptedError,
     OfflineError,
+    OutOfMemoryError,
     SapiensIOError,
     SapiensSegError,
     WeightsNotFoundError,
@@ -65,6 +66,7 @@ __all__ = [
     "CheckpointFormatError",
     "SapiensIOError",
     "InternalError",
+    "OutOfMemoryError",
 ]
 
 
