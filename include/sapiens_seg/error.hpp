@@ -42,6 +42,6 @@ class SAPIENS_SEG_API Error : public std::runtime_error {
 // as kOutOfMemory; anything else as kInternal. `context` ("segmenting 8 images") starts the
 // message of a converted exception. Used where the library, the CLI and the Python binding must
 // never let a foreign exception through.
-SAPIENS_SEG_API Error as_error(std::exception_ptr e, const std::string& context);
+SAPIENS_SEG_API Error as_error(const std::exception_ptr& e, const std::string& context);
 
 }  // namespace sapiens_seg

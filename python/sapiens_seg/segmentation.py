@@ -212,7 +212,7 @@ class Model:
 
         model = segmentation.load("model.pt2")
         r = model("photo.jpg")                     # -> Result
-        rs = model([img_array, pil_image])         # -> [Result, Result], one network batch
+        rs = model([img_array, pil_image])         # -> [Result, Result]
         r = model("photo.jpg", logits=True)        # logits for this call only
         rs = model(paths, batch_size=16)           # 16 images per network call
     """

@@ -39,7 +39,7 @@ std::string join(const std::string& context, const std::string& what) {
 
 }  // namespace
 
-Error as_error(std::exception_ptr e, const std::string& context) {
+Error as_error(const std::exception_ptr& e, const std::string& context) {
   if (!e) return Error(ErrorCode::kInternal, join(context, "no exception"));
   try {
     std::rethrow_exception(e);

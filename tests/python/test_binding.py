@@ -145,7 +145,7 @@ def test_every_input_type_gives_the_same_labels(model, png_rgb):
     assert np.array_equal(segmentation.read_image(PNG.read_bytes()), contiguous)
 
 
-def test_a_list_is_one_batch_and_returns_a_list(model, png_rgb):
+def test_a_list_returns_a_list_equal_to_single_calls(model, png_rgb):
     xs = [str(PNG), png_rgb, EXAMPLE.read_bytes(), Image.open(SMALL)]
     singles = [model(x).labels for x in xs]
     results = model(xs)
