@@ -139,6 +139,15 @@ if(SAPIENS_SEG_BUILD_IO)
   find_package(OpenSSL REQUIRED COMPONENTS Crypto)
   find_package(CURL 7.85 REQUIRED)
   find_package(CLI11 REQUIRED)
+  # Image headers are read before OpenCV decodes anything (src/io/image_header.cpp): the same
+  # libjpeg, libpng, libtiff and libwebp that OpenCV decodes with, and stb_image for BMP/PNM.
+  find_package(JPEG REQUIRED)
+  find_package(PNG REQUIRED)
+  find_package(TIFF 4.5 REQUIRED)  # TIFFClientOpenExt: per-handle error handlers
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(WEBP REQUIRED IMPORTED_TARGET libwebp)
+  pkg_check_modules(STB REQUIRED IMPORTED_TARGET stb)
+  set(SAPIENS_SEG_IMAGE_LIBS JPEG::JPEG PNG::PNG TIFF::TIFF PkgConfig::WEBP PkgConfig::STB)
 endif()
 
 # ---- what the kernels backend needs (kernels/kernels.cmake) ----------------------------------

@@ -46,6 +46,9 @@ APT_PKGS=(
   libopencv-dev nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
   libssl-dev libcurl4-openssl-dev
   zlib1g-dev libisal-dev   # checkpoint records: inflation and CRC-32 (ISA-L: the fast CRC)
+  # image headers read before decoding (src/io/image_header.cpp); the first four are OpenCV's
+  # own decoders, stb_image reads BMP and PGM/PPM headers
+  libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libstb-dev
   python3-dev python3-venv # the venv, and Python.h for the binding
   ffmpeg                   # ffprobe: the tests check the overlay video's codec, frames and rate
 )

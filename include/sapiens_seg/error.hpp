@@ -2,6 +2,7 @@
 // (and the CLI's exit status, and the Python exception classes) can branch on it.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@ enum class ErrorCode : int {
   kFormatError = 8,         // malformed checkpoint or card
   kIo = 9,                  // cannot read or write a file (permissions, disk full)
   kInternal = 10,           // a bug: please report it
+  kOutOfMemory = 11,        // an allocation failed (host memory, CUDA memory, a thread)
 };
 
 // Stable lower-case name of a code ("checksum_mismatch", ...), used in logs and JSON.
@@ -34,5 +36,12 @@ class SAPIENS_SEG_API Error : public std::runtime_error {
  private:
   ErrorCode code_;
 };
+
+// The exception `e` as an Error: an Error unchanged; an allocation failure (std::bad_alloc,
+// LibTorch's out-of-memory errors on the CPU and on CUDA, OpenCV's, a thread that cannot start)
+// as kOutOfMemory; anything else as kInternal. `context` ("segmenting 8 images") starts the
+// message of a converted exception. Used where the library, the CLI and the Python binding must
+// never let a foreign exception through.
+SAPIENS_SEG_API Error as_error(const std::exception_ptr& e, const std::string& context);
 
 }  // namespace sapiens_seg

@@ -32,6 +32,7 @@ from .errors import (
     InvalidInputError,
     LicenseNotAcceptedError,
     OfflineError,
+    OutOfMemoryError,
     SapiensIOError,
     SapiensSegError,
     WeightsNotFoundError,
@@ -80,6 +81,7 @@ __all__ = [
     "CheckpointFormatError",
     "SapiensIOError",
     "InternalError",
+    "OutOfMemoryError",
 ]
 
 

@@ -3,6 +3,11 @@
 Internal: sapiens_seg.segmentation checks arguments before they get here. Items are
 ``(ITEM_FILE, os.fsencode(path))``, ``(ITEM_ENCODED, bytes-like)`` or
 ``(ITEM_RGB, HxWx3 uint8 array with packed pixels)``.
+
+Errors: every C++ exception is raised as the sapiens_seg.errors class of its library error code
+(``ErrorCode`` 1-11; 11, out of memory, as ``OutOfMemoryError``, also a ``MemoryError``); a C++
+exception that is not a library error (a raw LibTorch error, ``std::bad_alloc``) is converted to
+one first, so none reaches Python as a bare ``RuntimeError``.
 """
 
 from typing import Any, Callable, Optional, Union
@@ -40,6 +45,7 @@ class NativeResult:
     def overlay(self, image: Optional[npt.NDArray[np.uint8]], opacity: float) -> npt.NDArray[np.uint8]: ...
 
 class Model:
+    # One network batch: segmentation.Model.__call__ splits lists by its batch_size first.
     def segment(self, items: list[Item], logits: bool) -> list[NativeResult]: ...
     @property
     def info(self) -> dict[str, Any]: ...

@@ -15,7 +15,7 @@ from :class:`SapiensSegError`, whose ``code`` attribute is the :class:`ErrorCode
 
 Some classes also derive from the built-in exception that fits, so generic handlers work:
 ``WeightsNotFoundError`` is a ``FileNotFoundError``, ``InvalidInputError`` a ``ValueError`` and
-``SapiensIOError`` an ``OSError``.
+``SapiensIOError`` an ``OSError`` and ``OutOfMemoryError`` a ``MemoryError``.
 
 Arguments that are wrong on the Python side (an unknown ``mode``, a float array, ...) raise the
 built-in ``ValueError`` or ``TypeError`` naming the argument; a wrongly shaped image raises
@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointFormatError",
     "SapiensIOError",
     "InternalError",
+    "OutOfMemoryError",
 ]
 
 
@@ -65,6 +66,8 @@ class ErrorCode(enum.IntEnum):
     """Cannot read or write a file (permissions, disk full)."""
     INTERNAL = 10
     """A bug: please report it."""
+    OUT_OF_MEMORY = 11
+    """An allocation failed: host memory, CUDA memory, or a thread that cannot start."""
 
 
 class SapiensSegError(Exception):
@@ -141,6 +144,15 @@ class InternalError(SapiensSegError):
     code = ErrorCode.INTERNAL
 
 
+class OutOfMemoryError(SapiensSegError, MemoryError):
+    """An allocation failed (``ErrorCode.OUT_OF_MEMORY``): host or CUDA memory for a batch, the
+    full-size logits of a large image, a decoded image. The message says what was being
+    allocated; a smaller ``batch_size`` or ``logits=False`` needs less. The model stays usable.
+    """
+
+    code = ErrorCode.OUT_OF_MEMORY
+
+
 _BY_CODE: dict[int, type[SapiensSegError]] = {
     cls.code.value: cls
     for cls in (
@@ -154,6 +166,7 @@ _BY_CODE: dict[int, type[SapiensSegError]] = {
         CheckpointFormatError,
         SapiensIOError,
         InternalError,
+        OutOfMemoryError,
     )
 }
 

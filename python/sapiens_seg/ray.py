@@ -183,7 +183,9 @@ class SapiensSegmenter:
         results: list[Any] = [None] * n
         todo = [i for i in range(n) if pixels[i] is not None]
         try:
-            for i, r in zip(todo, self.model([pixels[i] for i in todo])):
+            # Ray's batch is the network batch (map_batches(batch_size=)).
+            for i, r in zip(todo, self.model([pixels[i] for i in todo],
+                                             batch_size=max(1, len(todo)))):
                 results[i] = r
         except Exception:  # noqa: BLE001 - one image the network refuses (too small, ...)
             for i in todo:  # ... must not cost the others: again one at a time
@@ -494,6 +496,8 @@ def _describe(e: BaseException) -> tuple[str, str]:
     if isinstance(e, SapiensSegError):
         name = e.code.name
         code = _CODE_NAMES.get(name, name.lower())
+    elif isinstance(e, MemoryError):
+        code = "out_of_memory"
     elif isinstance(e, FileNotFoundError):
         code = "not_found"
     elif isinstance(e, OSError):
@@ -535,7 +539,8 @@ def _assigned_cpus() -> int:
 
 _EXIT_CODES = {"not_found": 11, "checksum_mismatch": 12, "download_failed": 13, "offline": 14,
                "license_not_accepted": 15, "backend_unavailable": 16, "invalid_input": 17,
-               "format_error": 18, "io_error": 19, "internal_error": 20}
+               "format_error": 18, "io_error": 19, "internal_error": 20,
+               "out_of_memory": 21}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ Example::
     result.backend         # Backend(mode='portable', device='cpu', dtype='float32')
     result.overlay()       # numpy uint8 [H, W, 3]: palette colours over the photo
 
-    # Several images (of any sizes) in one network batch:
+    # Several images (of any sizes), in network batches of ``batch_size`` (default 4):
     results = model(["a.jpg", pathlib.Path("b.png"), pathlib.Path("c.jpg").read_bytes()])
 
     # Sapiens2 (29 classes, commercial use allowed), by card id or .safetensors path:
@@ -59,6 +59,11 @@ _PIPELINES = ("auto", "host", "device")
 _INTERPOLATIONS = ("linear", "area", "cubic")
 _CUBICS = ("wheel", "opencv")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+DEFAULT_BATCH_SIZE = 4
+"""Images per network call for a list, unless ``load(batch_size=)`` or the call says otherwise:
+small enough that a batch of full-size Sapiens inputs fits beside the weights, large enough
+that a GPU is kept busy."""
 
 
 class Backend(NamedTuple):
@@ -211,16 +216,19 @@ class Model:
 
         model = segmentation.load("model.pt2")
         r = model("photo.jpg")                     # -> Result
-        rs = model([img_array, pil_image])         # -> [Result, Result], one network batch
+        rs = model([img_array, pil_image])         # -> [Result, Result]
         r = model("photo.jpg", logits=True)        # logits for this call only
+        rs = model(paths, batch_size=16)           # 16 images per network call
     """
 
-    __slots__ = ("_native", "_logits", "_info")
+    __slots__ = ("_native", "_logits", "_batch_size", "_info")
 
-    def __init__(self, native: _core.Model, logits: bool) -> None:
+    def __init__(self, native: _core.Model, logits: bool,
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         # Use segmentation.load() to make one.
         self._native = native
         self._logits = logits
+        self._batch_size = batch_size
         i = native.info
         self._info = ModelInfo(
             id=i["id"], family=i["family"], path=i["path"], sha256=i["sha256"],
@@ -238,32 +246,51 @@ class Model:
         """The backend every call runs on."""
         return self._info.backend
 
-    @overload
-    def __call__(self, x: list[Any] | tuple[Any, ...], *,
-                 logits: bool | None = None) -> list[Result]: ...
+    @property
+    def batch_size(self) -> int:
+        """Images per network call when the model is called on a list (``load(batch_size=)``)."""
+        return self._batch_size
 
     @overload
-    def __call__(self, x: Any, *, logits: bool | None = None) -> Result: ...
+    def __call__(self, x: list[Any] | tuple[Any, ...], *, logits: bool | None = None,
+                 batch_size: int | None = None) -> list[Result]: ...
 
-    def __call__(self, x: Any, *, logits: bool | None = None) -> Result | list[Result]:
-        """Segments one image (returns a :class:`Result`) or a list of images (returns a list,
-        computed in one batched library call).
+    @overload
+    def __call__(self, x: Any, *, logits: bool | None = None,
+                 batch_size: int | None = None) -> Result: ...
 
-        ``logits`` overrides the model's ``logits=`` setting for this call.
+    def __call__(self, x: Any, *, logits: bool | None = None,
+                 batch_size: int | None = None) -> Result | list[Result]:
+        """Segments one image (returns a :class:`Result`) or a list of images (returns a list in
+        the same order).
+
+        A list is split into network batches of ``batch_size`` images (default: the model's,
+        ``load(batch_size=)``, 4 unless set), so memory stays flat for a list of any length:
+        only one batch's images are decoded and on the network at a time (the results, with
+        their labels and the decoded pixels ``Result.overlay`` needs, are kept). Results do not
+        depend on the batch size. ``logits`` overrides the model's ``logits=`` setting for this
+        call.
 
         Raises :class:`~sapiens_seg.InvalidInputError` (also a ``ValueError``) for an image that
-        cannot be segmented, :class:`~sapiens_seg.WeightsNotFoundError` for a missing file and
-        ``TypeError`` for an unsupported kind of object.
+        cannot be segmented, :class:`~sapiens_seg.WeightsNotFoundError` for a missing file,
+        :class:`~sapiens_seg.OutOfMemoryError` (also a ``MemoryError``) when a batch does not
+        fit in memory, and ``TypeError`` for an unsupported kind of object. An error in a list
+        stops the call (no partial list is returned).
         """
         want_logits = self._logits if logits is None else _check_bool(logits, "logits")
+        size = self._batch_size if batch_size is None else _check_int(batch_size, "batch_size",
+                                                                      minimum=1)
         if isinstance(x, (list, tuple)):
             items = [_to_item(v, f"x[{i}]") for i, v in enumerate(x)]
             if not items:
                 return []
         else:
             items = [_to_item(x, "x")]
-        natives = self._native.segment([item for item, _ in items], want_logits)
-        results = [Result(n, image) for n, (_, image) in zip(natives, items)]
+        results: list[Result] = []
+        for start in range(0, len(items), size):
+            chunk = items[start:start + size]
+            natives = self._native.segment([item for item, _ in chunk], want_logits)
+            results.extend(Result(n, image) for n, (_, image) in zip(natives, chunk))
         return results if isinstance(x, (list, tuple)) else results[0]
 
     def __repr__(self) -> str:
@@ -274,7 +301,8 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
          dtype: Any = None, logits: bool = False, *, normalization: str = "demo",
          accept_noncommercial: bool = False, allow_unverified: bool = False, threads: int = 0,
          input_size: tuple[int, int] | None = None, pipeline: str = "auto",
-         cubic: str = "wheel", progress: ProgressArg = None) -> Model:
+         cubic: str = "wheel", progress: ProgressArg = None,
+         batch_size: int = DEFAULT_BATCH_SIZE) -> Model:
     """Loads a Sapiens segmentation model.
 
     Args:
@@ -314,6 +342,9 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
         progress: what a download of missing weights shows (see :func:`download`): ``None``
             a bar on a terminal or in a notebook, ``True`` always a bar, ``False`` none, or a
             callable given :class:`DownloadProgress` tuples (returning ``False`` cancels).
+        batch_size: images per network call when the model is called on a list (default 4;
+            ``model(x, batch_size=N)`` overrides it for one call). Memory grows with it, speed
+            a little on a GPU; results do not change.
 
     Returns:
         A :class:`Model`; the GIL is released while it loads.
@@ -351,6 +382,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
     threads = _check_int(threads, "threads", minimum=0)
     pipeline = _check_choice(pipeline, "pipeline", _PIPELINES)
     cubic = _check_choice(cubic, "cubic", _CUBICS)
+    batch_size = _check_int(batch_size, "batch_size", minimum=1)
     in_h = in_w = 0
     if input_size is not None:
         if not isinstance(input_size, (tuple, list)) or len(input_size) != 2:
@@ -365,7 +397,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
     finally:
         if reporter is not None:
             reporter.close()
-    return Model(native, logits)
+    return Model(native, logits, batch_size)
 
 
 def download(name: str, *, progress: ProgressArg = None) -> str:

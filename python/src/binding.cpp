@@ -498,12 +498,21 @@ PYBIND11_MODULE(_core, m) {
       "the functions here take pre-checked arguments.";
 
   // pybind11 calls translators through void(*)(std::exception_ptr): the copy is its signature.
+  // Every other C++ exception (a raw LibTorch error, std::bad_alloc) becomes the library error
+  // of its kind too (ss::as_error: OutOfMemoryError, else InternalError); pybind11's own
+  // exceptions, which carry a Python exception, pass on to its translators.
   py::register_exception_translator(
       [](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param)
         try {
           if (p) std::rethrow_exception(p);
         } catch (const ss::Error& e) {
           raise_library_error(e);
+        } catch (const py::builtin_exception&) {
+          throw;
+        } catch (const py::error_already_set&) {
+          throw;
+        } catch (...) {
+          raise_library_error(ss::as_error(p, "sapiens_seg"));
         }
       });
 

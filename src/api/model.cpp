@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <new>
 #include <optional>
 
 #include <opencv2/core.hpp>
@@ -55,14 +56,23 @@ Image to_image(const cv::Mat& rgb) {
 }  // namespace
 
 Image read_image(const std::string& path) {
-  return to_image(io::decode_file(path));
+  try {
+    return to_image(io::decode_file(path));
+  } catch (...) {
+    throw as_error(std::current_exception(), "reading " + path);
+  }
 }
 
 Image read_image(const std::vector<std::uint8_t>& encoded) {
-  return to_image(io::decode_bytes(encoded, "encoded image"));
+  try {
+    return to_image(io::decode_bytes(encoded, "encoded image"));
+  } catch (...) {
+    throw as_error(std::current_exception(), "reading an encoded image");
+  }
 }
 
-Image overlay(const Result& result, ImageView image, float opacity) {
+namespace {
+Image overlay_unguarded(const Result& result, ImageView image, float opacity) {
   if (image.height != result.height || image.width != result.width) {
     throw Error(ErrorCode::kInvalidInput, "overlay: the image is " + std::to_string(image.width) +
                                               "x" + std::to_string(image.height) +
@@ -91,6 +101,15 @@ Image overlay(const Result& result, ImageView image, float opacity) {
     }
   }
   return out;
+}
+}  // namespace
+
+Image overlay(const Result& result, ImageView image, float opacity) {
+  try {
+    return overlay_unguarded(result, image, opacity);
+  } catch (...) {
+    throw as_error(std::current_exception(), "overlay");
+  }
 }
 
 // ---- Model ---------------------------------------------------------------------------------
@@ -288,7 +307,8 @@ Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<C
 
 }  // namespace
 
-Model load(const std::string& id_or_path, const LoadOptions& opt) {
+namespace {
+Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const auto t0 = Clock::now();
   if (opt.threads > 0) at::set_num_threads(opt.threads);
   // Device and dtype first: one that cannot run here (no CUDA, bfloat16 on a CPU without fast
@@ -403,6 +423,15 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
                                 std::to_string(static_cast<int>(ms_since(t0))) + " ms");
   return Model(std::move(impl));
 }
+}  // namespace
+
+Model load(const std::string& id_or_path, const LoadOptions& opt) {
+  try {
+    return load_unguarded(id_or_path, opt);
+  } catch (...) {
+    throw as_error(std::current_exception(), "loading " + id_or_path);
+  }
+}
 
 Result Model::segment(const Input& input, const SegmentOptions& options) const {
   return std::move(segment(std::span<const Input>(&input, 1), options).front());
@@ -418,9 +447,9 @@ std::string describe(const Input& input, std::size_t i) {
 at::Tensor run_network(const core::Runner& runner, const at::Tensor& x, bool on_device) {
   try {
     return on_device ? runner.forward_device(x) : runner.forward(x);
-  } catch (const c10::Error& e) {
-    std::string why = e.what_without_backtrace();
-    throw Error(ErrorCode::kInternal, "inference failed: " + why.substr(0, why.find('\n')));
+  } catch (...) {
+    throw as_error(std::current_exception(),
+                   "inference failed on a batch of " + std::to_string(x.size(0)) + " image(s)");
   }
 }
 
@@ -429,7 +458,18 @@ at::Tensor run_network(const core::Runner& runner, const at::Tensor& x, bool on_
 void finish_on_host(Result& r, const at::Tensor& logits, const SegmentOptions& options) {
   const at::Tensor one = logits.to(at::kCPU, at::kFloat).contiguous();
   r.labels.resize(static_cast<std::size_t>(r.height) * r.width);
-  if (options.logits) r.logits.resize(static_cast<std::size_t>(one.size(0)) * r.labels.size());
+  if (options.logits) {
+    const auto n = static_cast<std::size_t>(one.size(0)) * r.labels.size();
+    try {
+      r.logits.resize(n);
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::kOutOfMemory,
+                  "out of memory for the full-size logits of a " + std::to_string(r.width) + "x" +
+                      std::to_string(r.height) + " image (" + std::to_string(one.size(0)) +
+                      " float32 channels, " + std::to_string(n * sizeof(float) >> 20) +
+                      " MiB); labels alone need no logits");
+    }
+  }
   core::upsample_argmax(one, r.height, r.width, r.labels.data(),
                         options.logits ? r.logits.data() : nullptr);
   if (options.raw_logits) {
@@ -455,9 +495,10 @@ at::Tensor upload(const cv::Mat& rgb, const c10::Device& device) {
 
 }  // namespace
 
-std::vector<Result> Model::segment(std::span<const Input> batch,
-                                   const SegmentOptions& options) const {
-  const Impl& m = *impl_;
+namespace {
+
+std::vector<Result> segment_unguarded(const Model::Impl& m, std::span<const Input> batch,
+                                      const SegmentOptions& options) {
   if (batch.empty()) return {};
   const auto t_start = Clock::now();
   const bool on_device = m.device_pipeline;
@@ -530,6 +571,25 @@ std::vector<Result> Model::segment(std::span<const Input> batch,
   const double total = ms_since(t_start);
   for (auto& r : results) r.timings.total = total;
   return results;
+}
+
+}  // namespace
+
+std::vector<Result> Model::segment(std::span<const Input> batch,
+                                   const SegmentOptions& options) const {
+  try {
+    return segment_unguarded(*impl_, batch, options);
+  } catch (...) {
+    const Error e = as_error(std::current_exception(),
+                             "segmenting " + std::to_string(batch.size()) + " image(s)");
+    // Most of a batch's memory grows with its size; the full-size logits of one image do not.
+    const std::string what = e.what();
+    if (e.code() != ErrorCode::kOutOfMemory || batch.size() == 1 ||
+        what.find("logits") != std::string::npos) {
+      throw e;
+    }
+    throw Error(e.code(), what + " (a smaller batch needs less memory)");
+  }
 }
 
 }  // namespace sapiens_seg

@@ -2,7 +2,8 @@
 //
 // Exit status: 0 success, 2 usage error, 130 interrupted, 10 + ErrorCode for library errors (11 not
 // found, 12 checksum mismatch, 13 download failed, 14 offline, 15 licence not accepted, 16 backend
-// unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error).
+// unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error, 21 out of
+// memory).
 
 #include <algorithm>
 #include <array>
@@ -231,6 +232,9 @@ int run_info() {
 int main(int argc, char** argv) try {
   CLI::App app{"sapiens-seg: Sapiens human body-part segmentation"};
   app.require_subcommand(1);
+  // Global flags (-v, -q) are accepted after the subcommand too: options a subcommand does not
+  // know fall through to its parent. Subcommands inherit this when they are created.
+  app.fallthrough();
   app.set_version_flag("--version", std::string(version()));
   bool verbose = false, quiet = false;
   app.add_flag("-v,--verbose", verbose, "log loading and backend choices");
@@ -353,15 +357,24 @@ int main(int argc, char** argv) try {
       return run_models_list();
     }
     if (info->parsed()) return run_info();
-  } catch (const Error& e) {
+  } catch (...) {
+    const Error e = as_error(std::current_exception(), "sapiens-seg");
+    // Ctrl-C while the weights download: a cancel, not a failure (the .part file is kept).
+    if (g_cancel) {
+      const std::string what = e.what();
+      std::fprintf(stderr, "sapiens-seg: interrupted (%s)%s\n",
+                   what.substr(0, what.find('\n')).c_str(),
+                   e.code() == ErrorCode::kDownloadFailed
+                       ? "; the partial download is kept and the next run resumes it"
+                       : "");
+      return 130;
+    }
     print_error(e);
     return exit_code(e.code());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sapiens-seg: error [internal_error]: %s\n", e.what());
-    return exit_code(ErrorCode::kInternal);
   }
   return 0;
-} catch (const std::exception& e) {  // setting up the parser itself failed
-  std::fprintf(stderr, "sapiens-seg: error [internal_error]: %s\n", e.what());
-  return 20;
+} catch (...) {  // setting up the parser itself failed
+  const Error e = as_error(std::current_exception(), "sapiens-seg");
+  print_error(e);
+  return exit_code(e.code());
 }

@@ -7,6 +7,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include "cli/json_paths.hpp"
 #include "io/npy.hpp"
 
 namespace sapiens_seg::cli {
@@ -103,28 +104,28 @@ nlohmann::json write_outputs(const Result& r, const Image& image, const OutputNa
   if (save.labels) {
     const cv::Mat labels(r.height, r.width, CV_8U, const_cast<std::uint8_t*>(r.labels.data()));
     write_image(names.labels_png, labels);
-    outputs["labels_png"] = names.labels_png;
+    put_path(outputs, "labels_png", names.labels_png);
   }
   if (save.overlay) {
     int w = 0;
     std::vector<std::uint8_t> bgr = overlay_bgr(r, image, style, opacity, &w);
     write_image(names.overlay, cv::Mat(r.height, w, CV_8UC3, bgr.data()));
-    outputs["overlay"] = names.overlay;
+    put_path(outputs, "overlay", names.overlay);
   }
   if (save.npy) {
     const std::vector<std::int64_t> wide(r.labels.begin(), r.labels.end());
     io::write_npy(names.labels_npy, "<i8", 8, shape, wide.data());
-    outputs["labels_npy"] = names.labels_npy;
+    put_path(outputs, "labels_npy", names.labels_npy);
   }
   if (save.mask) {
     const std::vector<std::uint8_t> fg = r.foreground();
     io::write_npy(names.mask_npy, "|b1", 1, shape, fg.data());
-    outputs["mask_npy"] = names.mask_npy;
+    put_path(outputs, "mask_npy", names.mask_npy);
   }
   if (save.logits) {
     const std::int64_t classes = static_cast<std::int64_t>(r.classes.size());
     io::write_npy(names.logits_npy, "<f4", 4, {classes, r.height, r.width}, r.logits.data());
-    outputs["logits_npy"] = names.logits_npy;
+    put_path(outputs, "logits_npy", names.logits_npy);
   }
   return {{"height", r.height},
           {"width", r.width},

@@ -5,11 +5,15 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +23,7 @@
 #include <opencv2/videoio.hpp>
 
 #include "cli/inputs.hpp"
+#include "cli/json_paths.hpp"
 #include "cli/outputs.hpp"
 #include "cli/queue.hpp"
 #include "io/npy.hpp"
@@ -56,11 +61,11 @@ class Reporter {
       : total_(total), args_(args), tty_(isatty(fileno(stderr)) != 0 && !args.quiet) {}
 
   void ok(const std::string& input, nlohmann::json entry) {
-    std::lock_guard<std::mutex> lock(mu_);
-    entry["input"] = input;
+    put_path(entry, "input", input);
     entry["status"] = "ok";
+    std::lock_guard<std::mutex> lock(mu_);
     if (args_.json_lines) {
-      std::cout << entry.dump() << "\n" << std::flush;
+      std::cout << dump_json(entry) << "\n" << std::flush;
     } else if (!args_.quiet) {
       clear_bar();
       std::cout << input << " -> " << first_output(entry) << " (" << entry.value("width", 0) << "x"
@@ -73,15 +78,16 @@ class Reporter {
   }
 
   void failed(const std::string& input, const Error& e) {
+    nlohmann::json entry = nlohmann::json::object();
+    put_path(entry, "input", input);
+    entry["status"] = "error";
+    entry["error"] = std::string(to_string(e.code()));
+    entry["message"] = display_text(e.what());  // the message names the path too
     std::lock_guard<std::mutex> lock(mu_);
     clear_bar();
     std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                  e.what());
-    nlohmann::json entry = {{"input", input},
-                            {"status", "error"},
-                            {"error", std::string(to_string(e.code()))},
-                            {"message", e.what()}};
-    if (args_.json_lines) std::cout << entry.dump() << "\n" << std::flush;
+    if (args_.json_lines) std::cout << dump_json(entry) << "\n" << std::flush;
     summary_.push_back(std::move(entry));
     if (status_ == 0) status_ = exit_code(e.code());
     ++done_;
@@ -90,12 +96,23 @@ class Reporter {
   }
 
   void skipped(const std::string& input) {
+    nlohmann::json entry = nlohmann::json::object();
+    put_path(entry, "input", input);
+    entry["status"] = "skipped";
     std::lock_guard<std::mutex> lock(mu_);
-    if (args_.json_lines) {
-      std::cout << nlohmann::json{{"input", input}, {"status", "skipped"}}.dump() << "\n";
-    }
+    if (args_.json_lines) std::cout << dump_json(entry) << "\n" << std::flush;
+    skipped_.push_back(std::move(entry));
     ++done_;
     draw();
+  }
+
+  // A failure of the run itself (not of one input): reported once, sets the exit status.
+  void run_failed(const Error& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    clear_bar();
+    std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
+                 e.what());
+    if (status_ == 0) status_ = exit_code(e.code());
   }
 
   // Progress inside one video, in frames.
@@ -125,7 +142,10 @@ class Reporter {
 
   int status() const { return status_; }
   std::size_t failed_count() const { return failed_; }
+  // Entries of the inputs this run segmented or failed, in the order they finished.
   const nlohmann::json& summary() const { return summary_; }
+  // {"input": ..., "status": "skipped"} of the inputs --skip-existing passed over.
+  const nlohmann::json& skipped_entries() const { return skipped_; }
 
  private:
   static std::string first_output(const nlohmann::json& e) {
@@ -160,6 +180,7 @@ class Reporter {
   bool tty_, bar_shown_ = false;
   int status_ = 0;
   nlohmann::json summary_ = nlohmann::json::array();
+  nlohmann::json skipped_ = nlohmann::json::array();
   Clock::time_point start_ = Clock::now();
 };
 
@@ -181,8 +202,33 @@ struct Segmented {
   Result result;
 };
 
+// Closes the queues and joins the pipeline's threads however run_images is left: a std::thread
+// still joinable when it is destroyed calls std::terminate.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(std::function<void()> close) : close_(std::move(close)) {}
+  ThreadGroup(const ThreadGroup&) = delete;
+  ThreadGroup& operator=(const ThreadGroup&) = delete;
+  ~ThreadGroup() { join(); }
+  template <typename F>
+  void start(F&& body) {
+    threads_.emplace_back(std::forward<F>(body));
+  }
+  void join() noexcept {
+    close_();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  std::function<void()> close_;
+  std::vector<std::thread> threads_;
+};
+
 // Images: decode on `workers` threads -> batched inference here -> write on `workers` threads.
-// Queues hold at most two batches per stage.
+// Queues hold at most two batches per stage. Every input is reported exactly once (ok or
+// error); no exception leaves a thread body, so nothing can terminate the process.
 void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentArgs& a,
                 const SaveSet& save, OverlayStyle style, Reporter& report,
                 const std::atomic<bool>& cancel) {
@@ -192,70 +238,122 @@ void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentA
   BoundedQueue<Segmented> segmented(2 * batch_size);
   std::atomic<std::size_t> next{0};
   std::atomic<int> live_decoders{a.workers};
+  std::atomic<bool> broken{false};  // the pipeline itself failed: nothing new starts
+  std::mutex broken_mu;
+  std::optional<Error> broken_error;
+  const auto reported = std::make_unique<std::atomic<bool>[]>(jobs.size());
 
-  std::vector<std::thread> decoders, writers;
-  for (int w = 0; w < a.workers; ++w) {
-    decoders.emplace_back([&] {
-      for (std::size_t i; !cancel && (i = next++) < jobs.size();) {
+  auto failed = [&](const Job* job, const Error& e) {
+    if (!reported[static_cast<std::size_t>(job - jobs.data())].exchange(true)) {
+      report.failed(job->path, e);
+    }
+  };
+  // Called in a catch block of a pipeline thread: the run stops; unprocessed inputs are
+  // reported with this error at the end.
+  auto pipeline_failed = [&](const std::string& where) noexcept {
+    try {
+      const Error e = as_error(std::current_exception(), where);
+      std::lock_guard<std::mutex> lock(broken_mu);
+      if (!broken_error) broken_error = e;
+    } catch (...) {  // no memory left even for the message: the flag still stops the run
+    }
+    broken = true;
+    decoded.close();
+    segmented.close();
+  };
+
+  ThreadGroup threads([&] {
+    decoded.close();
+    segmented.close();
+  });
+  auto decoder = [&] {
+    try {
+      for (std::size_t i; !cancel && !broken && (i = next++) < jobs.size();) {
         Decoded d;
         d.job = &jobs[i];
         const auto t0 = Clock::now();
         try {
           d.image = read_image(jobs[i].path);
-        } catch (const Error& e) {
-          d.error = e;
+        } catch (...) {
+          d.error = as_error(std::current_exception(), "reading " + jobs[i].path);
         }
         d.decode_ms = ms_since(t0);
         if (!decoded.push(std::move(d))) break;
       }
-      if (--live_decoders == 0) decoded.close();
-    });
-  }
-  for (int w = 0; w < a.workers; ++w) {
-    writers.emplace_back([&] {
+    } catch (...) {
+      pipeline_failed("a decoding thread");
+    }
+    if (--live_decoders == 0) decoded.close();
+  };
+  auto writer = [&] {
+    try {
       while (auto s = segmented.pop()) {
         try {
-          report.ok(s->job->path,
-                    write_outputs(s->result, s->image, s->job->names, save, style, a.opacity));
-        } catch (const Error& e) {
-          report.failed(s->job->path, e);
+          nlohmann::json entry =
+              write_outputs(s->result, s->image, s->job->names, save, style, a.opacity);
+          if (!reported[static_cast<std::size_t>(s->job - jobs.data())].exchange(true)) {
+            report.ok(s->job->path, std::move(entry));
+          }
+        } catch (...) {
+          failed(s->job,
+                 as_error(std::current_exception(), "writing the outputs of " + s->job->path));
         }
       }
-    });
+    } catch (...) {
+      pipeline_failed("a writing thread");
+    }
+  };
+  try {
+    for (int w = 0; w < a.workers; ++w) threads.start(decoder);
+    for (int w = 0; w < a.workers; ++w) threads.start(writer);
+  } catch (...) {
+    pipeline_failed("starting the pipeline's threads");
   }
 
   const SegmentOptions options{.logits = save.logits};
-  for (;;) {
-    std::vector<Decoded> batch;
-    while (batch.size() < batch_size) {
-      auto d = decoded.pop();
-      if (!d) break;
-      if (d->error) {
-        report.failed(d->job->path, *d->error);  // one bad file never stops the others
-        continue;
+  try {
+    while (!broken) {
+      std::vector<Decoded> batch;
+      while (batch.size() < batch_size) {
+        auto d = decoded.pop();
+        if (!d) break;
+        if (d->error) {
+          failed(d->job, *d->error);  // one bad file never stops the others
+          continue;
+        }
+        batch.push_back(std::move(*d));
       }
-      batch.push_back(std::move(*d));
-    }
-    if (batch.empty()) break;
-    std::vector<Input> inputs;
-    inputs.reserve(batch.size());
-    for (const auto& d : batch) inputs.push_back(Input::rgb(d.image->view()));
-    try {
-      std::vector<Result> results = model.segment(inputs, options);
-      for (std::size_t j = 0; j < batch.size(); ++j) {
-        results[j].timings.decode = batch[j].decode_ms;
-        segmented.push(Segmented{batch[j].job, std::move(*batch[j].image), std::move(results[j])});
+      if (batch.empty()) break;
+      try {
+        std::vector<Input> inputs;
+        inputs.reserve(batch.size());
+        for (const auto& d : batch) inputs.push_back(Input::rgb(d.image->view()));
+        std::vector<Result> results = model.segment(inputs, options);
+        for (std::size_t j = 0; j < batch.size(); ++j) {
+          results[j].timings.decode = batch[j].decode_ms;
+          segmented.push(
+              Segmented{batch[j].job, std::move(*batch[j].image), std::move(results[j])});
+        }
+      } catch (...) {
+        // Out of memory for this batch (or any other failure) fails its inputs, not the run.
+        const Error e = as_error(std::current_exception(), "segmenting");
+        for (const auto& d : batch) failed(d.job, e);
       }
-    } catch (const Error& e) {
-      for (const auto& d : batch) report.failed(d.job->path, e);
+      // Ctrl-C: the batch that was running is written; nothing new starts.
+      if (cancel) break;
     }
-    // Ctrl-C: the batch that was running is written; nothing new starts.
-    if (cancel) break;
+  } catch (...) {
+    pipeline_failed("the inference loop");
   }
-  decoded.close();
-  segmented.close();
-  for (auto& t : decoders) t.join();
-  for (auto& t : writers) t.join();
+  threads.join();
+  if (broken_error) {
+    report.run_failed(*broken_error);
+    if (!cancel) {
+      const Error why(broken_error->code(),
+                      std::string("not processed: the run stopped: ") + broken_error->what());
+      for (const auto& job : jobs) failed(&job, why);
+    }
+  }
 }
 
 // The overlay video's writer. H.264 ('avc1' in .mp4, 4:2:0) is what browsers, chat apps and
@@ -390,9 +488,9 @@ void run_video(const Model& model, const std::string& path, const std::string& s
     if (save.overlay && processed > 0) {
       fs::rename(video_tmp, video_out, ec);
       if (ec) throw Error(ErrorCode::kIo, "cannot write " + video_out + ": " + ec.message());
-      outputs["overlay_video"] = video_out;
+      put_path(outputs, "overlay_video", video_out);
     }
-    if (save.labels) outputs["frames_dir"] = frames_dir.string();
+    if (save.labels) put_path(outputs, "frames_dir", frames_dir.string());
     if (processed == 0)
       throw Error(ErrorCode::kInvalidInput, "no frame could be read from " + path);
     nlohmann::json entry = {{"frames", processed},
@@ -406,12 +504,61 @@ void run_video(const Model& model, const std::string& path, const std::string& s
       if (!video.fallback.empty()) entry["codec_fallback"] = video.fallback;
     }
     report.ok(path, std::move(entry));
-  } catch (const Error& e) {
-    video.writer.release();
+  } catch (...) {
+    const Error e = as_error(std::current_exception(), "segmenting the video " + path);
+    try {
+      video.writer.release();
+    } catch (...) {  // the file is removed below either way
+    }
     std::error_code ec;
     fs::remove(video_tmp, ec);
     report.failed(path, e);
   }
+}
+
+// --skip-existing resumes a run in the same folder: the entries of the previous summary.json
+// stay, those of inputs segmented again are replaced (same place), new ones are appended, and a
+// skipped input without a previous entry is listed as "skipped". An unreadable previous summary
+// is left out with a warning.
+nlohmann::json merge_summaries(const fs::path& file, const nlohmann::json& current,
+                               const nlohmann::json& skipped) {
+  nlohmann::json previous = nlohmann::json::array();
+  std::error_code ec;
+  if (fs::exists(file, ec)) {
+    try {
+      std::ifstream in(file);
+      nlohmann::json old = nlohmann::json::parse(in);
+      if (old.is_object() && old.contains("images") && old["images"].is_array()) {
+        previous = std::move(old["images"]);
+      } else {
+        throw std::runtime_error("no \"images\" list");
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "sapiens-seg: warning: the previous %s cannot be read (%s); it is replaced by "
+                   "this run's summary\n",
+                   file.c_str(), e.what());
+      previous = nlohmann::json::array();
+    }
+  }
+  std::map<std::string, const nlohmann::json*> fresh;
+  for (const auto& e : current) fresh.emplace(get_path(e, "input"), &e);
+  std::set<std::string> placed;
+  nlohmann::json merged = nlohmann::json::array();
+  for (auto& e : previous) {
+    const std::string key = get_path(e, "input");
+    if (placed.count(key)) continue;  // one entry per input
+    const auto it = fresh.find(key);
+    merged.push_back(it != fresh.end() ? *it->second : e);
+    placed.insert(key);
+  }
+  for (const auto& e : current) {
+    if (placed.insert(get_path(e, "input")).second) merged.push_back(e);
+  }
+  for (const auto& e : skipped) {
+    if (placed.insert(get_path(e, "input")).second) merged.push_back(e);
+  }
+  return merged;
 }
 
 }  // namespace
@@ -462,19 +609,21 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
   report.finish();
 
   if (save.json) {
-    const nlohmann::json summary = {{"model", model.info().id},
-                                    {"checkpoint", model.info().path},
-                                    {"sha256", model.info().sha256},
-                                    {"version", version()},
-                                    {"backend",
-                                     {{"mode", model.info().backend.mode},
-                                      {"device", model.info().backend.device},
-                                      {"dtype", model.info().backend.dtype}}},
-                                    {"cancelled", cancel.load()},
-                                    {"images", report.summary()}};
-    const std::string text = summary.dump(2) + "\n";
-    io::write_file_atomic((fs::path(a.out_dir) / "summary.json").string(), text.data(),
-                          text.size());
+    const fs::path file = fs::path(a.out_dir) / "summary.json";
+    nlohmann::json summary = {{"model", model.info().id},
+                              {"sha256", model.info().sha256},
+                              {"version", version()},
+                              {"backend",
+                               {{"mode", model.info().backend.mode},
+                                {"device", model.info().backend.device},
+                                {"dtype", model.info().backend.dtype}}},
+                              {"cancelled", cancel.load()}};
+    put_path(summary, "checkpoint", model.info().path);
+    summary["images"] = a.skip_existing
+                            ? merge_summaries(file, report.summary(), report.skipped_entries())
+                            : report.summary();
+    const std::string text = dump_json(summary, 2) + "\n";
+    io::write_file_atomic(file.string(), text.data(), text.size());
   }
   if (cancel) {
     std::fprintf(stderr,

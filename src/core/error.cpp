@@ -24,6 +24,8 @@ std::string_view to_string(ErrorCode code) noexcept {
       return "io_error";
     case ErrorCode::kInternal:
       return "internal_error";
+    case ErrorCode::kOutOfMemory:
+      return "out_of_memory";
   }
   return "unknown";
 }

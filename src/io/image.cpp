@@ -4,14 +4,20 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <new>
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>  // cvtColor
 
+#include "image_header.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::io {
 namespace {
+
+// cv::imdecode takes the encoded bytes as a Mat of int columns.
+constexpr std::size_t kMaxEncodedBytes = static_cast<std::size_t>(std::numeric_limits<int>::max());
 
 std::vector<std::uint8_t> read_all(const std::string& path) {
   std::error_code ec;
@@ -24,7 +30,18 @@ std::vector<std::uint8_t> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(ErrorCode::kIo, "cannot open image " + path + ": " + std::strerror(errno));
   const auto size = static_cast<std::size_t>(in.tellg());
-  std::vector<std::uint8_t> bytes(size);
+  if (size > kMaxEncodedBytes) {
+    throw Error(ErrorCode::kInvalidInput, "cannot decode " + path + ": the file has " +
+                                              std::to_string(size) +
+                                              " bytes, above the decoder's limit of 2 GiB");
+  }
+  std::vector<std::uint8_t> bytes;
+  try {
+    bytes.resize(size);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kOutOfMemory,
+                "out of memory reading " + path + " (" + std::to_string(size) + " bytes)");
+  }
   in.seekg(0);
   if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
     throw Error(ErrorCode::kIo, "cannot read image " + path + ": " + std::strerror(errno));
@@ -32,29 +49,33 @@ std::vector<std::uint8_t> read_all(const std::string& path) {
   return bytes;
 }
 
-// libjpeg decodes a cut-off JPEG with only a warning and fills the rest with grey; a
-// segmentation of half an image is worse than an error, so look for the end-of-image marker.
-bool jpeg_truncated(const std::vector<std::uint8_t>& b) {
-  if (b.size() < 4 || b[0] != 0xFF || b[1] != 0xD8) return false;  // not a JPEG
-  const std::size_t from = b.size() > 4096 ? b.size() - 4096 : 2;
-  for (std::size_t i = b.size() - 1; i > from; --i) {
-    if (b[i - 1] == 0xFF && b[i] == 0xD9) return false;
+// OpenCV reports a failed allocation as cv::Exception(StsNoMem).
+[[noreturn]] void rethrow_cv(const cv::Exception& e, const std::string& what) {
+  if (e.code == cv::Error::StsNoMem) {
+    throw Error(ErrorCode::kOutOfMemory, "out of memory decoding " + what + ": " + e.what());
   }
-  return true;
+  throw Error(ErrorCode::kInvalidInput, "cannot decode " + what + ": " + e.what());
+}
+
+std::string size_text(std::int64_t width, std::int64_t height) {
+  return std::to_string(width) + "x" + std::to_string(height);
 }
 
 }  // namespace
 
-void check_size(int height, int width, const std::string& what, int min_side) {
+void check_size(std::int64_t height, std::int64_t width, const std::string& what,
+                std::int64_t max_pixels, int min_side) {
   if (height < min_side || width < min_side) {
-    throw Error(ErrorCode::kInvalidInput,
-                what + " is " + std::to_string(width) + "x" + std::to_string(height) +
-                    " (WxH); both sides must be at least " + std::to_string(min_side) + " pixels");
+    throw Error(ErrorCode::kInvalidInput, what + " is " + size_text(width, height) +
+                                              " (WxH); both sides must be at least " +
+                                              std::to_string(min_side) + " pixels");
   }
-  if (static_cast<std::int64_t>(height) * width > kMaxPixels) {
-    throw Error(ErrorCode::kInvalidInput, what + " is " + std::to_string(width) + "x" +
-                                              std::to_string(height) +
-                                              ", above the limit of 268 megapixels");
+  // Both sides are below 2^31 here (at most 2^31 - 1 from every header), so the product fits.
+  if (height * width > max_pixels) {
+    throw Error(ErrorCode::kInvalidInput,
+                what + " is " + size_text(width, height) + ", above the limit of " +
+                    (max_pixels == kMaxPixels ? std::string("268 megapixels")
+                                              : std::to_string(max_pixels) + " pixels"));
   }
 }
 
@@ -84,28 +105,47 @@ cv::Mat to_rgb8(const cv::Mat& m, const std::string& what) {
   return rgb;
 }
 
-cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what) {
-  if (bytes.empty()) throw Error(ErrorCode::kInvalidInput, what + " is empty (0 bytes)");
-  if (jpeg_truncated(bytes)) {
-    throw Error(ErrorCode::kInvalidInput,
-                "cannot decode " + what + ": truncated JPEG (no end-of-image marker)");
+cv::Mat decode_bytes(const std::uint8_t* data, std::size_t size, const std::string& what,
+                     std::int64_t max_pixels) {
+  if (size == 0) throw Error(ErrorCode::kInvalidInput, what + " is empty (0 bytes)");
+  if (size > kMaxEncodedBytes) {
+    throw Error(ErrorCode::kInvalidInput, "cannot decode " + what + ": " + std::to_string(size) +
+                                              " bytes, above the decoder's limit of 2 GiB");
   }
-  cv::Mat bgr;
-  try {
-    const cv::Mat buf(1, static_cast<int>(bytes.size()), CV_8U,
-                      const_cast<std::uint8_t*>(bytes.data()));
-    bgr = cv::imdecode(buf, cv::IMREAD_COLOR);
-  } catch (const cv::Exception& e) {
-    throw Error(ErrorCode::kInvalidInput, "cannot decode " + what + ": " + e.what());
-  }
-  if (bgr.empty()) {
-    throw Error(ErrorCode::kInvalidInput,
-                "cannot decode " + what + ": unsupported format or corrupt data");
-  }
-  check_size(bgr.rows, bgr.cols, what);
+  // Refused before a single pixel is decoded: a few kilobytes can describe gigapixels.
+  const ImageHeader header = read_image_header(data, size, what);
+  check_size(header.height, header.width, what, max_pixels);
+  if (header.format == ImageFormat::kJpeg) check_jpeg_complete(data, size, what);
   cv::Mat rgb;
-  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  try {
+    const cv::Mat buf(1, static_cast<int>(size), CV_8U, const_cast<std::uint8_t*>(data));
+    const cv::Mat bgr = cv::imdecode(buf, cv::IMREAD_COLOR);
+    if (bgr.empty()) {
+      throw Error(ErrorCode::kInvalidInput,
+                  "cannot decode " + what + ": corrupt " + format_name(header.format) + " data");
+    }
+    // The decoder must have decoded the image whose header was checked (EXIF orientation may
+    // swap the sides).
+    const bool same = (bgr.cols == header.width && bgr.rows == header.height) ||
+                      (bgr.cols == header.height && bgr.rows == header.width);
+    if (!same) {
+      throw Error(ErrorCode::kInvalidInput,
+                  "cannot decode " + what + ": its " + format_name(header.format) +
+                      " header says " + size_text(header.width, header.height) +
+                      " but the decoder produced " + size_text(bgr.cols, bgr.rows));
+    }
+    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  } catch (const cv::Exception& e) {
+    rethrow_cv(e, what);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kOutOfMemory, "out of memory decoding " + what + " (" +
+                                             size_text(header.width, header.height) + ")");
+  }
   return rgb;
+}
+
+cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what) {
+  return decode_bytes(bytes.data(), bytes.size(), what, kMaxPixels);
 }
 
 cv::Mat decode_file(const std::string& path) {
@@ -114,7 +154,7 @@ cv::Mat decode_file(const std::string& path) {
 
 cv::Mat wrap_view(const ImageView& v, const std::string& what, int min_side) {
   if (v.data == nullptr) throw Error(ErrorCode::kInvalidInput, what + ": null pixel pointer");
-  check_size(v.height, v.width, what, min_side);
+  check_size(v.height, v.width, what, kMaxPixels, min_side);
   const std::size_t stride = v.stride ? v.stride : static_cast<std::size_t>(v.width) * 3;
   if (stride < static_cast<std::size_t>(v.width) * 3) {
     throw Error(ErrorCode::kInvalidInput, what + ": stride is smaller than width * 3");

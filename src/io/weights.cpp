@@ -425,7 +425,8 @@ Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOp
       return {req.dest, r.sha256};
     }
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kDownloadFailed) throw;
+    // A cancel (Ctrl-C) is no failure to work around by hand.
+    if (e.code() != ErrorCode::kDownloadFailed || (fetch.cancel && fetch.cancel->load())) throw;
     throw Error(e.code(),
                 std::string(e.what()) + "\n  to place the file by hand:" + placement_hint(card));
   }

@@ -58,6 +58,7 @@ from sapiens_seg import (  # noqa: E402
     InvalidInputError,
     LicenseNotAcceptedError,
     OfflineError,
+    OutOfMemoryError,
     SapiensIOError,
     SapiensSegError,
     WeightsNotFoundError,
@@ -144,7 +145,7 @@ def test_every_input_type_gives_the_same_labels(model, png_rgb):
     assert np.array_equal(segmentation.read_image(PNG.read_bytes()), contiguous)
 
 
-def test_a_list_is_one_batch_and_returns_a_list(model, png_rgb):
+def test_a_list_returns_a_list_equal_to_single_calls(model, png_rgb):
     xs = [str(PNG), png_rgb, EXAMPLE.read_bytes(), Image.open(SMALL)]
     singles = [model(x).labels for x in xs]
     results = model(xs)
@@ -265,7 +266,7 @@ def test_labels_match_the_reference_recipe(model, stem):
 
 def test_every_error_code_has_its_own_class():
     classes = {code: sapiens_seg.errors._class_for_code(int(code)) for code in ErrorCode}
-    assert len(set(classes.values())) == len(ErrorCode) == 10
+    assert len(set(classes.values())) == len(ErrorCode) == 11
     for code, cls in classes.items():
         assert issubclass(cls, SapiensSegError) and cls.code is code
     assert classes[ErrorCode.NOT_FOUND] is WeightsNotFoundError
@@ -278,6 +279,8 @@ def test_every_error_code_has_its_own_class():
     assert classes[ErrorCode.FORMAT_ERROR] is CheckpointFormatError
     assert classes[ErrorCode.IO] is SapiensIOError
     assert classes[ErrorCode.INTERNAL] is InternalError
+    assert classes[ErrorCode.OUT_OF_MEMORY] is OutOfMemoryError
+    assert issubclass(OutOfMemoryError, MemoryError)
     assert issubclass(WeightsNotFoundError, FileNotFoundError)
     assert issubclass(InvalidInputError, ValueError)
     assert issubclass(SapiensIOError, OSError)
