@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -232,6 +233,48 @@ TEST(UnitResize, TensorPathReadsAnyStrides) {
                          static_cast<int>(packed.size(1)), 3, 0},
                         {host.data_ptr<std::uint8_t>(), H, W, 3, 0}, interp);
         EXPECT_TRUE(at::equal(a, host)) << core::to_string(interp) << " host vs tensor";
+      }
+    }
+  }
+}
+
+// The vector loops change how many values an instruction computes, never a value: on a CPU with
+// AVX2 they must give the portable loops' bytes for every interpolation, channel count, stride,
+// vector tail and, for the wheel's cubic, every IPP path (the portable loops are what a CPU
+// without AVX2 runs; tests/python/test_resize.py holds the default loops to the wheel itself).
+TEST(UnitResize, VectorLoopsEqualThePortableLoops) {
+  namespace rd = core::resize_detail;
+  if (rd::host_simd() != rd::Simd::kAvx2) GTEST_SKIP() << "this CPU has no AVX2 loops to compare";
+  std::mt19937 rng(5);
+  const std::vector<std::array<int, 4>> shapes = {
+      {480, 640, 1024, 768}, {31, 45, 67, 101}, {100, 100, 50, 50},  {120, 90, 40, 30},
+      {97, 203, 51, 77},     {3, 5, 17, 23},    {2, 2, 9, 7},        {256, 130, 128, 65},
+      {64, 48, 64, 33},      {70, 70, 70, 70},  {150, 301, 300, 149}};
+  for (const auto& [h, w, H, W] : shapes) {
+    for (const int cn : {1, 3, 4}) {
+      const std::size_t sstride = static_cast<std::size_t>(w) * cn + 13;  // a padded source
+      std::vector<std::uint8_t> src(sstride * h);
+      for (auto& v : src) v = static_cast<std::uint8_t>(rng());
+      const core::PixelsU8 in{src.data(), h, w, cn, sstride};
+      for (const auto interp : {core::Interp::kLinear, core::Interp::kArea, core::Interp::kCubic}) {
+        for (const auto flavor : {core::CubicFlavor::kWheel, core::CubicFlavor::kOpenCV}) {
+          if (interp != core::Interp::kCubic && flavor == core::CubicFlavor::kOpenCV) continue;
+          std::vector<std::uint8_t> a(static_cast<std::size_t>(H) * W * cn), b(a.size());
+          rd::resize_u8_simd(in, {a.data(), H, W, cn, 0}, interp, flavor, rd::Simd::kPortable);
+          rd::resize_u8_simd(in, {b.data(), H, W, cn, 0}, interp, flavor, rd::Simd::kAvx2);
+          EXPECT_EQ(a, b) << h << "x" << w << " -> " << H << "x" << W << " cn " << cn << " "
+                          << core::to_string(interp) << " flavor " << static_cast<int>(flavor);
+        }
+      }
+      if (cn != 3 || h < 4 || w < 4) continue;  // IPP takes 3-channel sources of 4 x 4 and up
+      for (const auto path :
+           {rd::IppPath::kK0Icx, rd::IppPath::kK0Skx, rd::IppPath::kL9, rd::IppPath::kY8}) {
+        std::vector<std::uint8_t> a(static_cast<std::size_t>(H) * W * 3), b(a.size());
+        rd::wheel_cubic_host(src.data(), sstride, h, w, 3, a.data(), W * 3, H, W, path,
+                             rd::Simd::kPortable);
+        rd::wheel_cubic_host(src.data(), sstride, h, w, 3, b.data(), W * 3, H, W, path,
+                             rd::Simd::kAvx2);
+        EXPECT_EQ(a, b) << h << "x" << w << " -> " << H << "x" << W << " " << rd::to_string(path);
       }
     }
   }

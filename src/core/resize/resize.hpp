@@ -25,6 +25,8 @@
 
 #include <ATen/Tensor.h>
 
+#include "cpu.hpp"
+
 namespace sapiens_seg::core {
 
 enum class Interp {
@@ -64,6 +66,14 @@ struct MutablePixelsU8 {
 // are spread over LibTorch's intra-op threads. A same-size "resize" copies, as OpenCV does.
 void resize_u8(const PixelsU8& src, const MutablePixelsU8& dst, Interp interp,
                CubicFlavor flavor = CubicFlavor::kWheel);
+
+namespace resize_detail {
+// resize_u8 with the host loops of `simd` (resize_u8 takes host_simd()): tests and benchmarks
+// compare the portable loops with the vector ones on one machine. An instruction set the CPU
+// lacks must not be asked for.
+void resize_u8_simd(const PixelsU8& src, const MutablePixelsU8& dst, Interp interp,
+                    CubicFlavor flavor, Simd simd);
+}  // namespace resize_detail
 
 // The same on a uint8 [h, w, C] tensor (any device, any strides), as tensor ops; returns a
 // uint8 [H, W, C] tensor on the same device with the same bytes as resize_u8.

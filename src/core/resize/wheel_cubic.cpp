@@ -38,15 +38,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#define SAPIENS_SEG_X86 1
-#define SAPIENS_SEG_FMA_TARGET __attribute__((target("avx2,fma")))
-#else
-#define SAPIENS_SEG_FMA_TARGET
-#endif
-#define SAPIENS_SEG_INLINE inline __attribute__((always_inline))
-
+#include "avx2.hpp"
+#include "cpu.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::resize_detail {
@@ -67,43 +60,6 @@ const char* to_string(IppPath path) {
       return "opencv";
   }
   return "?";
-}
-
-CpuFeatures cpu_features() {
-  CpuFeatures f;
-#ifdef SAPIENS_SEG_X86
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  const unsigned max_leaf = __get_cpuid_max(0, nullptr);
-  if (max_leaf < 1) return f;
-  __cpuid_count(1, 0, a, b, c, d);
-  f.sse42 = (c >> 20) & 1;
-  f.fma = (c >> 12) & 1;
-  f.osxsave = (c >> 27) & 1;
-  f.avx = (c >> 28) & 1;
-  if (f.osxsave) {
-    unsigned lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    f.xcr0 = (static_cast<std::uint64_t>(hi) << 32) | lo;
-  }
-  if (max_leaf >= 7) {
-    __cpuid_count(7, 0, a, b, c, d);
-    f.bmi1 = (b >> 3) & 1;
-    f.avx2 = (b >> 5) & 1;
-    f.bmi2 = (b >> 8) & 1;
-    f.avx512f = (b >> 16) & 1;
-    f.avx512dq = (b >> 17) & 1;
-    f.avx512cd = (b >> 28) & 1;
-    f.avx512bw = (b >> 30) & 1;
-    f.avx512vl = (b >> 31) & 1;
-    f.avx512_vpopcntdq = (c >> 14) & 1;
-    __cpuid_count(7, 1, a, b, c, d);
-    if ((d >> 19) & 1 && max_leaf >= 0x24) {  // AVX10: its version and vector widths
-      __cpuid_count(0x24, 0, a, b, c, d);
-      f.avx10_512 = (b & 0xFF) >= 2 && ((b >> 18) & 1);
-    }
-  }
-#endif
-  return f;
 }
 
 // How the wheel gets there (established from its IPP's dispatcher and OpenCV 5.0.0's start-up,
@@ -219,6 +175,17 @@ SAPIENS_SEG_INLINE float pair01_23(const float* p, const float* w) {
   return (w[0] * p[0] + w[1] * p[1]) + (w[2] * p[2] + w[3] * p[3]);
 }
 
+// Which of them a run of columns takes.
+enum class Sum { kSeqFma, kPair01_23Fma, kPair12_03Fma, kPair03_12 };
+
+template <Sum S>
+SAPIENS_SEG_INLINE float tap_sum(const float* p, const float* w) {
+  if constexpr (S == Sum::kSeqFma) return seq_fma(p, w);
+  if constexpr (S == Sum::kPair01_23Fma) return pair01_23_fma(p, w);
+  if constexpr (S == Sum::kPair12_03Fma) return pair12_03_fma(p, w);
+  if constexpr (S == Sum::kPair03_12) return pair03_12(p, w);
+}
+
 // Round half to even and clamp, as cvtps2dq + packssdw + packuswb. Exact for |v| < 2^22.
 SAPIENS_SEG_INLINE std::uint8_t to_u8(float v) {
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
@@ -236,44 +203,134 @@ struct Job {
   int H, W;
   const Axis* ax;
   const Axis* ay;
-  std::vector<std::uint8_t> col_kind;  // k0-skx: 0 border, 1 paired interior, 2 interior tail
-  std::vector<int> xoff;               // [W * 4]: the horizontal taps as byte offsets (tap * cn)
+  int skx_paired_end = 0;  // k0-skx: interior columns from here on pair the taps 1, 2 / 0, 3
+  std::vector<int> xoff;   // [W * 4]: the horizontal taps as byte offsets (tap * cn)
+  // The vector loop's tables, per output value (pixel and channel), for the interior columns,
+  // whose taps are four consecutive pixels.
+  std::vector<std::int32_t> voff;  // [W * cn] byte offset of the value's first tap
+  std::vector<float> vw;           // [4 * W * cn] weight k of value i at k * W * cn + i
+  int simd_end = 0;                // interior columns before it take the vector loop
 };
 
-// One source row through the horizontal pass of path P into out[W * cn].
-template <IppPath P>
-SAPIENS_SEG_INLINE void hrow(const Job& j, const std::uint8_t* S, float* out) {
+// Columns [x0, x1) of one source row through the horizontal tap sum S.
+template <Sum S>
+SAPIENS_SEG_INLINE void hcols(const Job& j, const std::uint8_t* src, float* out, int x0, int x1) {
   const int cn = j.cn;
   const int* off = j.xoff.data();
   const float* wt = j.ax->w.data();
-  for (int x = 0; x < j.W; ++x) {
-    const std::uint8_t* s0 = S + off[4 * x];
-    const std::uint8_t* s1 = S + off[4 * x + 1];
-    const std::uint8_t* s2 = S + off[4 * x + 2];
-    const std::uint8_t* s3 = S + off[4 * x + 3];
-    const float* w = wt + 4 * x;
+  for (int x = x0; x < x1; ++x) {
+    const std::uint8_t* s0 = src + off[4 * x];
+    const std::uint8_t* s1 = src + off[4 * x + 1];
+    const std::uint8_t* s2 = src + off[4 * x + 2];
+    const std::uint8_t* s3 = src + off[4 * x + 3];
     for (int c = 0; c < cn; ++c) {
       const float p[4] = {static_cast<float>(s0[c]), static_cast<float>(s1[c]),
                           static_cast<float>(s2[c]), static_cast<float>(s3[c])};
-      float v;
-      if constexpr (P == IppPath::kK0Icx) {
-        v = seq_fma(p, w);
-      } else if constexpr (P == IppPath::kK0Skx) {
-        const std::uint8_t kind = j.col_kind[static_cast<std::size_t>(x)];
-        v = kind == 0 ? seq_fma(p, w) : kind == 1 ? pair01_23_fma(p, w) : pair12_03_fma(p, w);
-      } else if constexpr (P == IppPath::kL9) {
-        v = pair12_03_fma(p, w);
-      } else {
-        v = pair03_12(p, w);
-      }
-      out[x * cn + c] = v;
+      out[x * cn + c] = tap_sum<S>(p, wt + 4 * x);
     }
   }
 }
 
+#ifdef SAPIENS_SEG_X86
+// The vector twins of the tap sums (an FMA intrinsic rounds once, as std::fma).
+template <Sum S>
+SAPIENS_SEG_AVX2 SAPIENS_SEG_INLINE __m256 tap_sum8(const __m256 p[4], const __m256 w[4]) {
+  if constexpr (S == Sum::kSeqFma) {
+    __m256 a = _mm256_mul_ps(p[0], w[0]);
+    a = _mm256_fmadd_ps(p[1], w[1], a);
+    a = _mm256_fmadd_ps(p[2], w[2], a);
+    return _mm256_fmadd_ps(p[3], w[3], a);
+  }
+  if constexpr (S == Sum::kPair01_23Fma) {
+    return _mm256_add_ps(_mm256_fmadd_ps(p[0], w[0], _mm256_mul_ps(w[1], p[1])),
+                         _mm256_fmadd_ps(p[2], w[2], _mm256_mul_ps(w[3], p[3])));
+  }
+  if constexpr (S == Sum::kPair12_03Fma) {
+    return _mm256_add_ps(_mm256_fmadd_ps(p[1], w[1], _mm256_mul_ps(w[2], p[2])),
+                         _mm256_fmadd_ps(p[0], w[0], _mm256_mul_ps(w[3], p[3])));
+  }
+  if constexpr (S == Sum::kPair03_12) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(w[0], p[0]), _mm256_mul_ps(w[3], p[3])),
+                         _mm256_add_ps(_mm256_mul_ps(w[1], p[1]), _mm256_mul_ps(w[2], p[2])));
+  }
+}
+
+// Interior columns [x0, x1) 8 at a time (8 * CN values, CN vectors); returns where it stopped.
+template <int CN, Sum S>
+SAPIENS_SEG_AVX2 SAPIENS_SEG_INLINE int hcols_avx2(const Job& j, const std::uint8_t* src,
+                                                   float* out, int x0, int x1) {
+  const std::size_t n = static_cast<std::size_t>(j.W) * CN;
+  const __m256i step2 = _mm256_set1_epi32(2 * CN);
+  int x = x0;
+  for (; x + 8 <= x1; x += 8) {
+    for (int v = 0; v < CN; ++v) {
+      const std::size_t i = static_cast<std::size_t>(x) * CN + 8 * v;
+      const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.voff.data() + i));
+      __m256i t[4];
+      avx2::tap_ints<CN>(src, o, t[0], t[1]);
+      avx2::tap_ints<CN>(src, _mm256_add_epi32(o, step2), t[2], t[3]);
+      __m256 p[4], w[4];
+      for (int k = 0; k < 4; ++k) {
+        p[k] = _mm256_cvtepi32_ps(t[k]);
+        w[k] = _mm256_loadu_ps(j.vw.data() + k * n + i);
+      }
+      _mm256_storeu_ps(out + i, tap_sum8<S>(p, w));
+    }
+  }
+  return x;
+}
+
+// (Not inlined: the portable-target functions between band_avx2 and here could not inline it.)
+template <Sum S>
+SAPIENS_SEG_AVX2 int hcols_avx2_cn(const Job& j, const std::uint8_t* src, float* out, int x0,
+                                   int x1) {
+  switch (j.cn) {
+    case 1:
+      return hcols_avx2<1, S>(j, src, out, x0, x1);
+    case 2:
+      return hcols_avx2<2, S>(j, src, out, x0, x1);
+    case 3:
+      return hcols_avx2<3, S>(j, src, out, x0, x1);
+    default:
+      return hcols_avx2<4, S>(j, src, out, x0, x1);
+  }
+}
+#endif  // SAPIENS_SEG_X86
+
+// Interior columns [x0, x1): the vector loop where it may read, then the portable one.
+template <Sum S, bool kVec>
+SAPIENS_SEG_INLINE void hinterior(const Job& j, const std::uint8_t* src, float* out, int x0,
+                                  int x1) {
+  int x = x0;
+#ifdef SAPIENS_SEG_X86
+  if constexpr (kVec) x = hcols_avx2_cn<S>(j, src, out, x0, std::min(x1, j.simd_end));
+#endif
+  hcols<S>(j, src, out, x, x1);
+}
+
+// One source row through the horizontal pass of path P into out[W * cn]. l9 and y8 leave the
+// border columns out: their outputs come from the 2-D border routine.
+template <IppPath P, bool kVec>
+SAPIENS_SEG_INLINE void hrow(const Job& j, const std::uint8_t* src, float* out) {
+  const int first = j.ax->nleft, last = std::max(first, j.W - j.ax->nright);
+  if constexpr (P == IppPath::kK0Icx || P == IppPath::kK0Skx) {
+    hcols<Sum::kSeqFma>(j, src, out, 0, first);
+    hcols<Sum::kSeqFma>(j, src, out, last, j.W);
+  }
+  if constexpr (P == IppPath::kK0Icx) hinterior<Sum::kSeqFma, kVec>(j, src, out, first, last);
+  if constexpr (P == IppPath::kK0Skx) {
+    hinterior<Sum::kPair01_23Fma, kVec>(j, src, out, first, j.skx_paired_end);
+    hinterior<Sum::kPair12_03Fma, kVec>(j, src, out, j.skx_paired_end, last);
+  }
+  if constexpr (P == IppPath::kL9) hinterior<Sum::kPair12_03Fma, kVec>(j, src, out, first, last);
+  if constexpr (P == IppPath::kY8) hinterior<Sum::kPair03_12, kVec>(j, src, out, first, last);
+}
+
+// Values [x0, x1) of the vertical pass.
 template <IppPath P>
-SAPIENS_SEG_INLINE void vrow(const float* const r[4], const float* v, std::uint8_t* out, int n) {
-  for (int x = 0; x < n; ++x) {
+SAPIENS_SEG_INLINE void vrow(const float* const r[4], const float* v, std::uint8_t* out, int x0,
+                             int x1) {
+  for (int x = x0; x < x1; ++x) {
     float s;
     if constexpr (P == IppPath::kY8) {
       s = (v[0] * r[0][x] + v[1] * r[1][x]) + (v[2] * r[2][x] + v[3] * r[3][x]);
@@ -283,6 +340,34 @@ SAPIENS_SEG_INLINE void vrow(const float* const r[4], const float* v, std::uint8
     out[x] = to_u8(s);
   }
 }
+
+#ifdef SAPIENS_SEG_X86
+template <IppPath P>
+SAPIENS_SEG_AVX2 SAPIENS_SEG_INLINE __m256i vsum8(const float* const r[4], const __m256 v[4],
+                                                  int x) {
+  __m256 a[4];
+  for (int k = 0; k < 4; ++k) a[k] = _mm256_loadu_ps(r[k] + x);
+  __m256 s;
+  if constexpr (P == IppPath::kY8) {
+    s = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], a[0]), _mm256_mul_ps(v[1], a[1])),
+                      _mm256_add_ps(_mm256_mul_ps(v[2], a[2]), _mm256_mul_ps(v[3], a[3])));
+  } else {
+    s = _mm256_add_ps(_mm256_fmadd_ps(a[0], v[0], _mm256_mul_ps(v[1], a[1])),
+                      _mm256_fmadd_ps(a[2], v[2], _mm256_mul_ps(v[3], a[3])));
+  }
+  return avx2::round_clamp(s);
+}
+
+template <IppPath P>
+SAPIENS_SEG_AVX2 int vrow_avx2(const float* const r[4], const float* w, std::uint8_t* out, int x0,
+                               int x1) {
+  const __m256 v[4] = {_mm256_set1_ps(w[0]), _mm256_set1_ps(w[1]), _mm256_set1_ps(w[2]),
+                       _mm256_set1_ps(w[3])};
+  int x = x0;
+  for (; x + 16 <= x1; x += 16) avx2::store16_u8(out + x, vsum8<P>(r, v, x), vsum8<P>(r, v, x + 8));
+  return x;
+}
+#endif  // SAPIENS_SEG_X86
 
 // l9 / y8: a pixel of a border row or column, straight from the source.
 template <IppPath P>
@@ -315,7 +400,7 @@ SAPIENS_SEG_INLINE void border_pixel(const Job& j, int y, int x, std::uint8_t* o
 }
 
 // Output rows [y0, y1) of path P, with a cache of four horizontally filtered source rows.
-template <IppPath P>
+template <IppPath P, bool kVec>
 SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
   const int n = j.W * j.cn;
   std::vector<float> store(static_cast<std::size_t>(n) * 4);
@@ -326,6 +411,9 @@ SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
   constexpr bool kBorder2d = P == IppPath::kL9 || P == IppPath::kY8;
   const Axis& ay = *j.ay;
   const Axis& ax = *j.ax;
+  // The values the vertical pass computes (l9 / y8: the interior columns').
+  const int v0 = kBorder2d ? ax.nleft * j.cn : 0;
+  const int v1 = kBorder2d ? std::max(v0, (j.W - ax.nright) * j.cn) : n;
   for (int64_t dy = y0; dy < y1; ++dy) {
     const int* rows = ay.tap.data() + 4 * dy;
     std::uint8_t* out = j.dst + static_cast<std::size_t>(dy) * j.dstride;
@@ -346,84 +434,103 @@ SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
           for (int q = 0; q < 4; ++q) used = used || slot_row[s] == rows[q];
           if (!used) found = s;
         }
-        hrow<P>(j, j.src + static_cast<std::size_t>(rows[k]) * j.sstride, slot[found]);
+        hrow<P, kVec>(j, j.src + static_cast<std::size_t>(rows[k]) * j.sstride, slot[found]);
         slot_row[found] = rows[k];
       }
       r[k] = slot[found];
     }
-    vrow<P>(r, ay.w.data() + 4 * dy, out, n);
+    int x = v0;
+#ifdef SAPIENS_SEG_X86
+    if constexpr (kVec) x = vrow_avx2<P>(r, ay.w.data() + 4 * dy, out, v0, v1);
+#endif
+    vrow<P>(r, ay.w.data() + 4 * dy, out, x, v1);
     if constexpr (kBorder2d) {
       for (int x = 0; x < ax.nleft; ++x)
         border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
-      for (int x = j.W - ax.nright; x < j.W; ++x) {
+      for (int x = std::max(ax.nleft, j.W - ax.nright); x < j.W; ++x) {
         border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
       }
     }
   }
 }
 
-void band_plain(IppPath p, const Job& j, int64_t y0, int64_t y1) {
+template <bool kVec>
+SAPIENS_SEG_INLINE void band_path(IppPath p, const Job& j, int64_t y0, int64_t y1) {
   switch (p) {
     case IppPath::kK0Icx:
-      return band<IppPath::kK0Icx>(j, y0, y1);
+      return band<IppPath::kK0Icx, kVec>(j, y0, y1);
     case IppPath::kK0Skx:
-      return band<IppPath::kK0Skx>(j, y0, y1);
+      return band<IppPath::kK0Skx, kVec>(j, y0, y1);
     case IppPath::kL9:
-      return band<IppPath::kL9>(j, y0, y1);
+      return band<IppPath::kL9, kVec>(j, y0, y1);
     default:
-      return band<IppPath::kY8>(j, y0, y1);
+      return band<IppPath::kY8, kVec>(j, y0, y1);
   }
 }
 
-// The FMA paths compiled for FMA hardware (std::fma becomes one instruction), used when the CPU
-// has it; band_plain computes the same fused operations in software otherwise.
-SAPIENS_SEG_FMA_TARGET void band_fma(IppPath p, const Job& j, int64_t y0, int64_t y1) {
-  switch (p) {
-    case IppPath::kK0Icx:
-      return band<IppPath::kK0Icx>(j, y0, y1);
-    case IppPath::kK0Skx:
-      return band<IppPath::kK0Skx>(j, y0, y1);
-    default:
-      return band<IppPath::kL9>(j, y0, y1);
-  }
+// The portable loops (std::fma is a library call unless the baseline has FMA).
+void band_portable(IppPath p, const Job& j, int64_t y0, int64_t y1) {
+  band_path<false>(p, j, y0, y1);
 }
 
-// Whether band_fma's instructions (AVX2, FMA) run here.
-bool cpu_has_fma() {
-  static const bool has = [] {
-    const CpuFeatures f = cpu_features();
-    return f.fma && f.avx2 && f.avx && f.osxsave && (f.xcr0 & 0x6) == 0x6;
-  }();
-  return has;
+// The vector loops, and the scalar ones around them compiled for the same CPU (std::fma becomes
+// one instruction; y8 has no fused operation, and -ffp-contract=off makes none).
+SAPIENS_SEG_AVX2 void band_avx2(IppPath p, const Job& j, int64_t y0, int64_t y1) {
+  band_path<true>(p, j, y0, y1);
 }
 
+// k0-skx: the first interior column whose taps pair 1, 2 / 0, 3 (the last n % 4 of them).
+int skx_paired_end(const Axis& ax, int W) {
+  const int first = ax.nleft, last = std::max(first, W - ax.nright);
+  return first + (last - first) / 4 * 4;
+}
+
+// Per column 0 border, 1 paired interior, 2 interior tail: the tensor code's selector.
 std::vector<std::uint8_t> skx_column_kinds(const Axis& ax, int W) {
   std::vector<std::uint8_t> kind(static_cast<std::size_t>(W), 0);
-  const int first = ax.nleft, last = W - ax.nright;  // interior [first, last)
-  const int n = std::max(0, last - first), paired = n / 4 * 4;
-  for (int x = first; x < last; ++x) kind[static_cast<std::size_t>(x)] = x - first < paired ? 1 : 2;
+  const int first = ax.nleft, last = W - ax.nright, paired = skx_paired_end(ax, W);
+  for (int x = first; x < last; ++x) kind[static_cast<std::size_t>(x)] = x < paired ? 1 : 2;
   return kind;
 }
 
 }  // namespace
 
 void wheel_cubic_host(const std::uint8_t* src, std::size_t sstride, int h, int w, int cn,
-                      std::uint8_t* dst, std::size_t dstride, int H, int W, IppPath path) {
+                      std::uint8_t* dst, std::size_t dstride, int H, int W, IppPath path,
+                      Simd simd) {
   if (path == IppPath::kOwn || w < 4 || h < 4) {
     throw Error(ErrorCode::kInternal, "wheel_cubic_host: OpenCV's own path is resize_u8's");
   }
   const Axis ax = ipp_axis(w, W), ay = ipp_axis(h, H);
-  Job j{src, sstride, h, w, cn, dst, dstride, H, W, &ax, &ay, {}, {}};
-  if (path == IppPath::kK0Skx) j.col_kind = skx_column_kinds(ax, W);
+  Job j{src, sstride, h, w, cn, dst, dstride, H, W, &ax, &ay, 0, {}, {}, {}, 0};
+  j.skx_paired_end = skx_paired_end(ax, W);
   j.xoff.resize(ax.tap.size());
   for (std::size_t i = 0; i < ax.tap.size(); ++i) j.xoff[i] = ax.tap[i] * cn;
-  const bool fma_hw = path != IppPath::kY8 && cpu_has_fma();
-  at::parallel_for(0, H, 16, [&](int64_t y0, int64_t y1) {
-    if (fma_hw) {
-      band_fma(path, j, y0, y1);
-    } else {
-      band_plain(path, j, y0, y1);
+  const bool vec = simd == Simd::kAvx2;
+  if (vec) {
+    const std::size_t n = static_cast<std::size_t>(W) * cn;
+    j.voff.resize(n);
+    j.vw.resize(4 * n);
+    for (int x = 0; x < W; ++x) {
+      for (int c = 0; c < cn; ++c) {
+        const std::size_t i = static_cast<std::size_t>(x) * cn + c;
+        j.voff[i] = j.xoff[4 * static_cast<std::size_t>(x)] + c;
+        for (int k = 0; k < 4; ++k) j.vw[k * n + i] = ax.w[4 * static_cast<std::size_t>(x) + k];
+      }
     }
+    // The loads of a value's taps reach pair_reach(cn, 2) bytes from its first tap.
+    j.simd_end = ax.nleft;
+    const int reach = resize_detail::avx2::pair_reach(cn, 2), row_bytes = w * cn;
+    while (j.simd_end < W - ax.nright &&
+           j.voff[static_cast<std::size_t>(j.simd_end) * cn + cn - 1] + reach <= row_bytes) {
+      ++j.simd_end;
+    }
+  }
+  at::parallel_for(0, H, 16, [&](int64_t y0, int64_t y1) {
+#ifdef SAPIENS_SEG_X86
+    if (vec) return band_avx2(path, j, y0, y1);
+#endif
+    band_portable(path, j, y0, y1);
   });
 }
 

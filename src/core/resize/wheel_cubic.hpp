@@ -10,6 +10,8 @@
 
 #include <ATen/Tensor.h>
 
+#include "cpu.hpp"
+
 namespace sapiens_seg::core::resize_detail {
 
 // The wheel's code paths for 8-bit, 3-channel cubic resizes. They differ in a few bytes per
@@ -28,21 +30,13 @@ enum class IppPath {
 IppPath wheel_ipp_path();
 const char* to_string(IppPath path);
 // The same decision for given CPUID bits and OPENCV_IPP value (tests replay other CPUs).
-struct CpuFeatures {
-  bool sse42 = false, avx = false, osxsave = false, fma = false;
-  bool avx2 = false, bmi1 = false, bmi2 = false;
-  bool avx512f = false, avx512cd = false, avx512bw = false, avx512dq = false, avx512vl = false;
-  bool avx512_vpopcntdq = false;
-  bool avx10_512 = false;  // AVX10 version >= 2 with 512-bit vectors
-  std::uint64_t xcr0 = 0;  // XGETBV(0) when osxsave
-};
-CpuFeatures cpu_features();
 IppPath ipp_path_for(const CpuFeatures& cpu, const std::string& opencv_ipp_env);
 
 // resize_u8's INTER_CUBIC for the wheel on `path` (a source under 4 pixels on a side takes
-// OpenCV's own code, as the wheel does when IPP refuses it).
+// OpenCV's own code, as the wheel does when IPP refuses it), with the host loops of `simd`.
 void wheel_cubic_host(const std::uint8_t* src, std::size_t sstride, int h, int w, int cn,
-                      std::uint8_t* dst, std::size_t dstride, int H, int W, IppPath path);
+                      std::uint8_t* dst, std::size_t dstride, int H, int W, IppPath path,
+                      Simd simd);
 
 // The same as tensor ops (any device); fused multiply-adds are computed exactly in float64.
 at::Tensor wheel_cubic_tensor(const at::Tensor& img, int64_t H, int64_t W, IppPath path);
