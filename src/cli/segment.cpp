@@ -72,7 +72,7 @@ class Reporter {
                 << entry.value("height", 0) << ")\n"
                 << std::flush;
     }
-    summary_.push_back(std::move(entry));
+    summary_.push_back(dump_json(entry));
     ++done_;
     draw();
   }
@@ -88,7 +88,7 @@ class Reporter {
     std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                  e.what());
     if (args_.json_lines) std::cout << dump_json(entry) << "\n" << std::flush;
-    summary_.push_back(std::move(entry));
+    summary_.push_back(dump_json(entry));
     if (status_ == 0) status_ = exit_code(e.code());
     ++done_;
     ++failed_;
@@ -142,8 +142,10 @@ class Reporter {
 
   int status() const { return status_; }
   std::size_t failed_count() const { return failed_; }
-  // Entries of the inputs this run segmented or failed, in the order they finished.
-  const nlohmann::json& summary() const { return summary_; }
+  // Entries of the inputs this run segmented or failed, in the order they finished, each as its
+  // compact JSON text: a parsed nlohmann::json entry costs ~10x its text (a node per value), and
+  // a folder run of millions of images must not grow by kilobytes per image.
+  const std::vector<std::string>& summary() const { return summary_; }
   // {"input": ..., "status": "skipped"} of the inputs --skip-existing passed over.
   const nlohmann::json& skipped_entries() const { return skipped_; }
 
@@ -179,7 +181,7 @@ class Reporter {
   const SegmentArgs& args_;
   bool tty_, bar_shown_ = false;
   int status_ = 0;
-  nlohmann::json summary_ = nlohmann::json::array();
+  std::vector<std::string> summary_;
   nlohmann::json skipped_ = nlohmann::json::array();
   Clock::time_point start_ = Clock::now();
 };
@@ -520,8 +522,10 @@ void run_video(const Model& model, const std::string& path, const std::string& s
 // stay, those of inputs segmented again are replaced (same place), new ones are appended, and a
 // skipped input without a previous entry is listed as "skipped". An unreadable previous summary
 // is left out with a warning.
-nlohmann::json merge_summaries(const fs::path& file, const nlohmann::json& current,
+nlohmann::json merge_summaries(const fs::path& file, const std::vector<std::string>& current_text,
                                const nlohmann::json& skipped) {
+  nlohmann::json current = nlohmann::json::array();
+  for (const auto& t : current_text) current.push_back(nlohmann::json::parse(t));
   nlohmann::json previous = nlohmann::json::array();
   std::error_code ec;
   if (fs::exists(file, ec)) {
@@ -619,10 +623,24 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
                                 {"dtype", model.info().backend.dtype}}},
                               {"cancelled", cancel.load()}};
     put_path(summary, "checkpoint", model.info().path);
-    summary["images"] = a.skip_existing
-                            ? merge_summaries(file, report.summary(), report.skipped_entries())
-                            : report.summary();
-    const std::string text = dump_json(summary, 2) + "\n";
+    // The entries are written from their texts, one line each, so the file costs no parsed
+    // tree (a resumed run merges with the previous file's entries, and parses them).
+    std::vector<std::string> merged;
+    if (a.skip_existing) {
+      for (const auto& e : merge_summaries(file, report.summary(), report.skipped_entries())) {
+        merged.push_back(dump_json(e));
+      }
+    }
+    const std::vector<std::string>& images = a.skip_existing ? merged : report.summary();
+    std::string text = dump_json(summary, 2);
+    text.erase(text.find_last_of('}'));  // reopen the object for the "images" list
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    text += ",\n  \"images\": [";
+    for (std::size_t i = 0; i < images.size(); ++i) {
+      text += i ? ",\n    " : "\n    ";
+      text += images[i];
+    }
+    text += images.empty() ? "]\n}\n" : "\n  ]\n}\n";
     io::write_file_atomic(file.string(), text.data(), text.size());
   }
   if (cancel) {
