@@ -48,6 +48,18 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags() -> list[str]:
+    """The /proc/cpuinfo ISA flags that matter for the numbers (vector widths, dot products)."""
+    keep = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+            "avx512dq", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx512_vpopcntdq",
+            "amx_bf16", "amx_fp16", "amx_int8")
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in keep if f in have]
+    return []
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -238,7 +250,8 @@ def main() -> None:
         s.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "soak.json"))
     args = p.parse_args()
     result = soak_cli(args) if args.what == "cli" else soak_threads(args)
-    result.update(date=dt.date.today().isoformat(), cpu=cpu_model(), cores=os.cpu_count(),
+    result.update(date=dt.date.today().isoformat(), cpu=cpu_model(), cpu_flags=cpu_flags(),
+                  cores=os.cpu_count(),
                   **versions())
     out = Path(args.out)
     runs = json.loads(out.read_text()) if out.exists() else []
