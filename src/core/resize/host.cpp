@@ -14,6 +14,7 @@
 // loops, and a contracted multiply-add rounds differently.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -138,7 +139,7 @@ FixedRow fixed_row(const Taps& t, int w, int W, int cn) {
       }
     }
     for (int c = 0; c < cn; ++c) {
-      const auto i = static_cast<std::size_t>(dx * cn + c);
+      const std::size_t i = static_cast<std::size_t>(dx) * cn + c;
       r.off[i] = s * cn + c;
       r.w01[2 * i] = static_cast<std::int16_t>(merged[0]);
       r.w01[2 * i + 1] = static_cast<std::int16_t>(merged[1]);
@@ -153,7 +154,7 @@ FixedRow fixed_row(const Taps& t, int w, int W, int cn) {
     // The pixel-pair loop (hpass_linear3_avx2) reads 8 bytes from each pixel's first tap, i.e.
     // from the offset of its channel 0 value.
     int k = 0;
-    while (k < W && r.off[static_cast<std::size_t>(3 * k)] + 8 <= r.row_bytes) ++k;
+    while (k < W && r.off[static_cast<std::size_t>(k) * 3] + 8 <= r.row_bytes) ++k;
     r.pixel_load_end = 3 * k;
   }
   return r;
@@ -171,11 +172,13 @@ void hpass_fixed(const std::uint8_t* S, const FixedRow& t, int i0, FixedRowValue
   const std::int32_t* off = t.off.data();
   const std::int16_t* a = t.w01.data();
   const std::int16_t* b = t.w23.data();
+  constexpr std::ptrdiff_t kCn = CN;  // pointer offsets in ptrdiff_t
   for (int i = i0; i < t.n; ++i) {
     const std::uint8_t* p = S + off[i];
-    std::int32_t v = p[0] * a[2 * i] + p[CN] * a[2 * i + 1];
+    const auto j = static_cast<std::ptrdiff_t>(i);
+    std::int32_t v = p[0] * a[2 * j] + p[kCn] * a[2 * j + 1];
     if constexpr (K == 4) {
-      D[i] = v + p[2 * CN] * b[2 * i] + p[3 * CN] * b[2 * i + 1];
+      D[i] = v + p[2 * kCn] * b[2 * j] + p[3 * kCn] * b[2 * j + 1];
     } else {
       D[i] = static_cast<std::int16_t>(v >> 4);
     }
@@ -466,15 +469,15 @@ SAPIENS_SEG_AVX2 int area2x2_avx2(const std::uint8_t* r0, const std::uint8_t* r1
     // The loads reach 28 bytes past the step's first source byte and the two 8-byte stores 14
     // past its first output byte: stop where either would leave the row.
     for (; dx + 5 <= W; dx += 4) {
-      const __m256i v0 = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r0 + 6 * dx + 12),
-                                             reinterpret_cast<const __m128i*>(r0 + 6 * dx));
-      const __m256i v1 = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r1 + 6 * dx + 12),
-                                             reinterpret_cast<const __m128i*>(r1 + 6 * dx));
+      const auto x = static_cast<std::ptrdiff_t>(dx);
+      const __m256i v0 = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r0 + 6 * x + 12),
+                                             reinterpret_cast<const __m128i*>(r0 + 6 * x));
+      const __m256i v1 = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(r1 + 6 * x + 12),
+                                             reinterpret_cast<const __m128i*>(r1 + 6 * x));
       const __m256i m = mean4(pair_sums(v0, order), pair_sums(v1, order));
       const __m256i u = _mm256_packus_epi16(m, m);  // each lane: 6 output bytes, then 2 zeros
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 3 * dx), _mm256_castsi256_si128(u));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 3 * dx + 6),
-                       _mm256_extracti128_si256(u, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 3 * x), _mm256_castsi256_si128(u));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 3 * x + 6), _mm256_extracti128_si256(u, 1));
     }
   } else {
     // 32 output bytes a step from 64 bytes of each row (one channel: the pairs are adjacent
@@ -484,14 +487,16 @@ SAPIENS_SEG_AVX2 int area2x2_avx2(const std::uint8_t* r0, const std::uint8_t* r1
     constexpr int kStep = 32 / CN;  // output pixels a step
     const __m256i ones = _mm256_set1_epi8(1);
     for (; dx + kStep <= W; dx += kStep) {
+      const auto x = static_cast<std::ptrdiff_t>(dx);
       __m256i v[4];  // rows 0, 1 of the first 32 bytes, then of the next
       for (int k = 0; k < 4; ++k) {
-        const std::uint8_t* row = (k & 1 ? r1 : r0) + 2 * CN * dx + (k >> 1) * 32;
+        const std::uint8_t* row =
+            (k & 1 ? r1 : r0) + 2 * x * CN + static_cast<std::ptrdiff_t>(k >> 1) * 32;
         v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
         v[k] = CN == 1 ? _mm256_maddubs_epi16(v[k], ones) : pair_sums(v[k], order);
       }
       const __m256i lo = mean4(v[0], v[1]), hi = mean4(v[2], v[3]);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + CN * dx),
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + CN * x),
                           _mm256_permute4x64_epi64(_mm256_packus_epi16(lo, hi), 0xD8));
     }
   }
@@ -534,7 +539,8 @@ void run_area_integer(const Geometry& g, int fx, int fy) {
         for (int i = 0; i < row_len; ++i) col[static_cast<std::size_t>(i)] += row[i];
       }
       const std::uint32_t* c0 = col.data();
-      for (int dx = 0; dx < g.W; ++dx, c0 += fx * cn) {
+      const std::ptrdiff_t block = static_cast<std::ptrdiff_t>(fx) * cn;  // values per output pixel
+      for (int dx = 0; dx < g.W; ++dx, c0 += block) {
         for (int c = 0; c < cn; ++c) {
           std::uint32_t sum = 0;
           for (int sx = 0; sx < fx; ++sx) sum += c0[sx * cn + c];
@@ -582,7 +588,7 @@ AreaRow area_row(const std::vector<AreaEntry>& tab, int w, int W, int cn) {
     // Padding taps go after the run, or before it at the row's end; either way they add +0.
     start[static_cast<std::size_t>(dx)] = std::min(first[static_cast<std::size_t>(dx)], w - r.taps);
     for (int c = 0; c < cn; ++c) {
-      r.off[static_cast<std::size_t>(dx * cn + c)] = start[static_cast<std::size_t>(dx)] * cn + c;
+      r.off[static_cast<std::size_t>(dx) * cn + c] = start[static_cast<std::size_t>(dx)] * cn + c;
     }
   }
   for (const AreaEntry& e : tab) {
@@ -602,7 +608,8 @@ void hpass_area(const std::uint8_t* S, const AreaRow& t, int i0, float* D) {
     const std::uint8_t* p = S + t.off[static_cast<std::size_t>(i)];
     const float* w = t.wt.data() + i;
     float a = static_cast<float>(p[0]) * w[0];
-    for (int k = 1; k < t.taps; ++k) a = a + static_cast<float>(p[k * CN]) * w[k * n];
+    for (int k = 1; k < t.taps; ++k)
+      a = a + static_cast<float>(p[static_cast<std::ptrdiff_t>(k) * CN]) * w[k * n];
     D[i] = a;
   }
 }
@@ -632,7 +639,7 @@ SAPIENS_SEG_AVX2 int hpass_area_avx2(const std::uint8_t* S, const AreaRow& t, fl
     __m256 a = _mm256_setzero_ps();
     for (int k = 0; k < t.taps; k += 2) {
       __m256i p0, p1;
-      avx2::tap_ints<CN>(S + k * CN, o, p0, p1);
+      avx2::tap_ints<CN>(S + static_cast<std::ptrdiff_t>(k) * CN, o, p0, p1);
       const __m256 t0 = _mm256_mul_ps(_mm256_cvtepi32_ps(p0), _mm256_loadu_ps(w + k * n));
       a = k == 0 ? t0 : _mm256_add_ps(a, t0);
       if (k + 1 < t.taps) {

@@ -72,7 +72,7 @@ at::Tensor vpass_cubic(const at::Tensor& rows, const TapTensors& y) {
     const at::Tensor term = rows.index_select(0, y.index[k]) * y.fixed[k].view({H, 1, 1});
     iacc = k == 0 ? term : iacc + term;
   }
-  const at::Tensor vec = at::round(t).clamp_(0, 255).to(at::kByte);
+  at::Tensor vec = at::round(t).clamp_(0, 255).to(at::kByte);  // not const: returned by move
   const int64_t n = W * C, vec_end = n / 8 * 8;
   if (vec_end == n) return vec;
   const at::Tensor tail =

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -219,14 +220,15 @@ SAPIENS_SEG_INLINE void hcols(const Job& j, const std::uint8_t* src, float* out,
   const int* off = j.xoff.data();
   const float* wt = j.ax->w.data();
   for (int x = x0; x < x1; ++x) {
-    const std::uint8_t* s0 = src + off[4 * x];
-    const std::uint8_t* s1 = src + off[4 * x + 1];
-    const std::uint8_t* s2 = src + off[4 * x + 2];
-    const std::uint8_t* s3 = src + off[4 * x + 3];
+    const auto xi = static_cast<std::ptrdiff_t>(x);  // table offsets in ptrdiff_t
+    const std::uint8_t* s0 = src + off[4 * xi];
+    const std::uint8_t* s1 = src + off[4 * xi + 1];
+    const std::uint8_t* s2 = src + off[4 * xi + 2];
+    const std::uint8_t* s3 = src + off[4 * xi + 3];
     for (int c = 0; c < cn; ++c) {
       const float p[4] = {static_cast<float>(s0[c]), static_cast<float>(s1[c]),
                           static_cast<float>(s2[c]), static_cast<float>(s3[c])};
-      out[x * cn + c] = tap_sum<S>(p, wt + 4 * x);
+      out[x * cn + c] = tap_sum<S>(p, wt + 4 * xi);
     }
   }
 }
@@ -264,7 +266,7 @@ SAPIENS_SEG_AVX2 SAPIENS_SEG_INLINE int hcols_avx2(const Job& j, const std::uint
   int x = x0;
   for (; x + 8 <= x1; x += 8) {
     for (int v = 0; v < CN; ++v) {
-      const std::size_t i = static_cast<std::size_t>(x) * CN + 8 * v;
+      const std::size_t i = static_cast<std::size_t>(x) * CN + static_cast<std::size_t>(v) * 8;
       const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.voff.data() + i));
       __m256i t[4];
       avx2::tap_ints<CN>(src, o, t[0], t[1]);
@@ -373,10 +375,11 @@ SAPIENS_SEG_AVX2 int vrow_avx2(const float* const r[4], const float* w, std::uin
 template <IppPath P>
 SAPIENS_SEG_INLINE void border_pixel(const Job& j, int y, int x, std::uint8_t* out) {
   const int cn = j.cn;
-  const int* t = j.ax->tap.data() + 4 * x;
-  const float* w = j.ax->w.data() + 4 * x;
-  const int* rows = j.ay->tap.data() + 4 * y;
-  const float* vw = j.ay->w.data() + 4 * y;
+  const auto xi = static_cast<std::ptrdiff_t>(x), yi = static_cast<std::ptrdiff_t>(y);
+  const int* t = j.ax->tap.data() + 4 * xi;
+  const float* w = j.ax->w.data() + 4 * xi;
+  const int* rows = j.ay->tap.data() + 4 * yi;
+  const float* vw = j.ay->w.data() + 4 * yi;
   for (int c = 0; c < cn; ++c) {
     float u[4];
     for (int r = 0; r < 4; ++r) {
@@ -419,7 +422,8 @@ SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
     std::uint8_t* out = j.dst + static_cast<std::size_t>(dy) * j.dstride;
     const bool border_row = dy < ay.nleft || dy >= j.H - ay.nright;
     if (kBorder2d && border_row) {
-      for (int x = 0; x < j.W; ++x) border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+      for (int x = 0; x < j.W; ++x)
+        border_pixel<P>(j, static_cast<int>(dy), x, out + static_cast<std::ptrdiff_t>(x) * j.cn);
       continue;
     }
     const float* r[4];
@@ -446,9 +450,9 @@ SAPIENS_SEG_INLINE void band(const Job& j, int64_t y0, int64_t y1) {
     vrow<P>(r, ay.w.data() + 4 * dy, out, x, v1);
     if constexpr (kBorder2d) {
       for (int x = 0; x < ax.nleft; ++x)
-        border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+        border_pixel<P>(j, static_cast<int>(dy), x, out + static_cast<std::ptrdiff_t>(x) * j.cn);
       for (int x = std::max(ax.nleft, j.W - ax.nright); x < j.W; ++x) {
-        border_pixel<P>(j, static_cast<int>(dy), x, out + x * j.cn);
+        border_pixel<P>(j, static_cast<int>(dy), x, out + static_cast<std::ptrdiff_t>(x) * j.cn);
       }
     }
   }
