@@ -23,6 +23,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/resize/resize.hpp"
+#include "core/resize/wheel_cubic.hpp"
 
 namespace {
 
@@ -141,13 +142,18 @@ int main(int argc, char** argv) {
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
-    const nlohmann::json out = {{"date", date},
-                                {"cpu", read_first("/proc/cpuinfo", "model name")},
-                                {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
-                                {"threads", at::get_num_threads()},
-                                {"opencv", CV_VERSION},
-                                {"reps", reps},
-                                {"rows", rows}};
+    const nlohmann::json out = {
+        {"date", date},
+        {"cpu", read_first("/proc/cpuinfo", "model name")},
+        {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
+        {"threads", at::get_num_threads()},
+        // which host loops and which of the wheel's cubic paths ran
+        {"host_loops", core::resize_detail::to_string(core::resize_detail::host_simd())},
+        {"wheel_cubic_path", core::resize_detail::to_string(core::resize_detail::wheel_ipp_path())},
+        {"load_average", read_first("/proc/loadavg", "")},
+        {"opencv", CV_VERSION},
+        {"reps", reps},
+        {"rows", rows}};
     std::ofstream(json_out) << out.dump(2) << "\n";
   }
   return 0;
