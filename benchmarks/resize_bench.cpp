@@ -1,7 +1,9 @@
 // resize_bench: the library's resizes (core/resize) against cv::resize of the linked OpenCV, on
 // the resizes the two families' demos make, same process, same threads, alternating calls.
 //
-//   resize_bench [--threads N] [--reps N] [--json FILE] [--only TEXT]
+//   resize_bench [--threads N] [--reps N] [--json FILE] [--only TEXT] [--portable]
+//
+// --portable times the plain C++ loops (what a CPU without AVX2 runs) instead of this CPU's.
 //
 // Prints one row per case: median milliseconds of each and the ratio (library / OpenCV; below 1
 // is faster). The OpenCV column is the build this binary links (Debian's has no IPP, so its
@@ -74,6 +76,7 @@ std::string read_first(const char* file, const char* key) {
 int main(int argc, char** argv) {
   int threads = 0, reps = 21;
   std::string json_out, only;
+  auto simd = core::resize_detail::host_simd();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) {
@@ -84,9 +87,12 @@ int main(int argc, char** argv) {
       json_out = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--portable") {
+      simd = core::resize_detail::Simd::kPortable;
     } else {
       std::fprintf(stderr,
-                   "usage: resize_bench [--threads N] [--reps N] [--json FILE] [--only TEXT]\n");
+                   "usage: resize_bench [--threads N] [--reps N] [--json FILE] [--only TEXT] "
+                   "[--portable]\n");
       return 2;
     }
   }
@@ -114,8 +120,9 @@ int main(int argc, char** argv) {
     const cv::Mat src = test_image(c.h, c.w);
     cv::Mat ours(c.H, c.W, CV_8UC3), theirs;
     auto run_ours = [&] {
-      core::resize_u8({src.data, c.h, c.w, 3, src.step}, {ours.data, c.H, c.W, 3, ours.step},
-                      c.interp, c.flavor);
+      core::resize_detail::resize_u8_simd({src.data, c.h, c.w, 3, src.step},
+                                          {ours.data, c.H, c.W, 3, ours.step}, c.interp, c.flavor,
+                                          simd);
     };
     auto run_cv = [&] { cv::resize(src, theirs, cv::Size(c.W, c.H), 0, 0, cv_flag(c.interp)); };
     run_ours();
