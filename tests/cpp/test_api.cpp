@@ -16,19 +16,9 @@ namespace fs = std::filesystem;
 using sapiens_seg::test::fixture;
 using sapiens_seg::test::read_npy;
 
-namespace {
+using sapiens_seg::test::expect_error;
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    FAIL() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+namespace {
 
 class ScopedEnv {
  public:

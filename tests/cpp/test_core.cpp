@@ -33,20 +33,9 @@
 using namespace sapiens_seg;
 using sapiens_seg::test::fixture;
 
-namespace {
+using sapiens_seg::test::expect_error;
 
-// Expects `fn` to throw Error with `code` and a message containing every one of `parts`.
-template <typename Fn>
-void expect_error(Fn fn, ErrorCode code, std::initializer_list<const char*> parts) {
-  try {
-    fn();
-    FAIL() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const char* p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+namespace {
 
 core::v1::Config config_of(const core::TorchScriptCheckpoint& ck) {
   core::v1::ConfigHints h;
@@ -695,7 +684,7 @@ std::string floats(std::initializer_list<float> v) {
 }
 
 template <typename Fn>
-void expect_format_error(Fn fn, std::initializer_list<const char*> parts) {
+void expect_format_error(Fn fn, std::initializer_list<std::string> parts) {
   expect_error(fn, ErrorCode::kFormatError, parts);
 }
 

@@ -17,24 +17,15 @@
 #include "io/image.hpp"
 #include "io/image_header.hpp"
 #include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
 
 using namespace sapiens_seg;
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
 
-namespace {
+using sapiens_seg::test::expect_error;
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCode code, std::initializer_list<const char*> parts) {
-  try {
-    fn();
-    FAIL() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const char* p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+namespace {
 
 Bytes encode(const cv::Mat& m, const std::string& ext, std::vector<int> params = {}) {
   Bytes buf;

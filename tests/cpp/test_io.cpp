@@ -27,19 +27,9 @@ using namespace sapiens_seg;
 namespace fs = std::filesystem;
 using sapiens_seg::test::fixture;
 
-namespace {
+using sapiens_seg::test::expect_error;
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCode code, std::initializer_list<const char*> parts) {
-  try {
-    fn();
-    FAIL() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const char* p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+namespace {
 
 // Sets an environment variable for one scope.
 class ScopedEnv {

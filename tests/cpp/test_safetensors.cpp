@@ -16,9 +16,12 @@
 
 #include "core/safetensors.hpp"
 #include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
 
 using namespace sapiens_seg;
 using core::SafetensorsFile;
+
+using sapiens_seg::test::expect_error;
 
 namespace {
 
@@ -53,20 +56,6 @@ std::string write_temp(const std::string& name, const Bytes& bytes) {
 
 SafetensorsFile from_bytes(const Bytes& bytes, const std::string& source = "mem.safetensors") {
   return SafetensorsFile::from_buffer(std::make_shared<const Bytes>(bytes), source);
-}
-
-// Expects `fn` to throw Error with `code` and a message containing every one of `parts`.
-template <typename Fn>
-void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "'" << p << "' not in: " << e.what();
-  }
 }
 
 bool points_into(const at::Tensor& t, const SafetensorsFile& f) {

@@ -2,8 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::test {
 
@@ -23,5 +28,19 @@ struct Array {
 };
 // Reads a C-order little-endian .npy written by NumPy (format 1.0-3.0).
 Array read_npy(const std::string& path);
+
+// Expects `fn` to throw Error with `code` and a message containing every one of `parts`.
+template <typename Fn>
+void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+    FAIL() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "'" << p << "' not in: " << e.what();
+  }
+}
 
 }  // namespace sapiens_seg::test
