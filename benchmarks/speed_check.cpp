@@ -14,6 +14,7 @@
 // same pre- and post-processing users get). Without it (the GPU machine has no OpenCV), they use
 // the core directly with an ATen resize in place of OpenCV's.
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -565,13 +566,13 @@ class Child {
   json read() {
     std::string line;
     for (int c; (c = std::fgetc(out_)) != EOF && c != '\n';) line += static_cast<char>(c);
-    if (line.empty()) throw std::runtime_error("the worker exited (crashed or was killed)");
+    if (line.empty()) throw std::runtime_error("the worker exited: " + how_it_ended());
     return json::parse(line);
   }
   json request(const json& cmd) {
     const std::string s = cmd.dump() + "\n";
     if (std::fputs(s.c_str(), in_) < 0 || std::fflush(in_) != 0) {
-      throw std::runtime_error("the worker is gone");
+      throw std::runtime_error("the worker is gone: " + how_it_ended());
     }
     json r = read();
     if (r.contains("error")) throw std::runtime_error(r["error"].get<std::string>());
@@ -579,6 +580,28 @@ class Child {
   }
 
  private:
+  // Reaps the worker (its pipe is closed, so it is exiting or gone) and says why it went: a
+  // SIGKILL nobody sent by hand is usually the kernel's OOM killer, when the columns' models
+  // together outgrow the machine's memory.
+  std::string how_it_ended() {
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 50 && (got = ::waitpid(pid_, &status, WNOHANG)) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (got != pid_) return "still running, but its pipe is closed";
+    pid_ = -1;
+    if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      return "killed by signal " + std::to_string(sig) +
+             (sig == SIGKILL ? " (SIGKILL: the kernel's out-of-memory killer, if nobody sent it; "
+                               "run fewer columns at once)"
+                             : std::string(" (") + strsignal(sig) + ")");
+    }
+    return "unknown status";
+  }
+
   pid_t pid_ = -1;
   FILE* in_ = nullptr;
   FILE* out_ = nullptr;
@@ -1435,6 +1458,9 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A worker that dies (e.g. killed for memory) closes its pipe; writing the next request must
+  // fail with EPIPE and mark that column failed, not kill the whole run with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   std::string command;
   try {
     const Options o = parse_args(argc, argv, command);
