@@ -151,9 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     x = example(shape[2], shape[3])
     import tempfile  # noqa: PLC0415
 
+    from cpu_dtype_probe import cpu_info  # noqa: PLC0415  (this folder's probe)
+    import onnxruntime  # noqa: PLC0415
+    import openvino  # noqa: PLC0415
+
     out = {"meta": {"date": time.strftime("%Y-%m-%d"), "model": os.path.basename(args.model),
-                    "threads": threads, "calls": args.calls,
-                    "loadavg": open("/proc/loadavg").read().split()[:3]}, "ms_per_call": {}}
+                    "threads": threads, "calls": args.calls, **cpu_info(),
+                    "versions": {"torch": torch.__version__,
+                                 "onnxruntime": onnxruntime.__version__,
+                                 "openvino": openvino.__version__},
+                    "command": " ".join(["profile_peers.py"] + sys.argv[1:])},
+           "ms_per_call": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for dt in args.dtypes.split(","):
             out["ms_per_call"][f"portable {dt}"] = profile_portable(args.model, x, args.calls, dt)

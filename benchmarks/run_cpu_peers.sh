@@ -5,8 +5,9 @@
 #
 #   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|s2-0.4b|s2-1b|memory-5b|readme]...
 #
-# Times on 2 cores (AVX512-BF16), roughly: fixtures 40 min (1.4 + 1.6 + 5.9 GB), probe 2 min,
-# v1 1 h, s2-0.4b 1 h, s2-1b 1.5 h, memory-5b 1 h (a 20.4 GB file; delete it afterwards).
+# Times on 2 cores (AVX512-BF16), measured 2026-12-01: fixtures and ONNX exports 30 min (1.4 +
+# 1.6 + 5.9 GB), probe 1 min, v1 30 min and s2-0.4b 25 min with SIZES=1024x768 (about twice
+# that at both sizes), s2-1b 1.5 h (estimate), memory-5b 1 h (a 20.4 GB file; delete it after).
 # Every speed_check run waits for a quiet machine before each timed call (--wait-quiet) and
 # records the load it saw; every result file records the CPU model, ISA flags, cores, load and
 # versions.
