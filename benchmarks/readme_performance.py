@@ -197,41 +197,31 @@ def section_for(report: dict, path: str) -> list[str]:
     lib = [c for c in available(report) if c["id"].startswith(("portable", "kernels"))]
     peers = [cols[i] for i in PEERS if i in cols]
     if lib and len(peers) > 1:
-        lines += ["", "The library against each peer, end to end (peer time / library time; "
-                      "higher: the library is faster):", "",
-                  "| image | library | " + " | ".join(f"vs {c['title']}" for c in peers) + " |",
-                  "|---|---|" + "---:|" * len(peers)]
-        for r in report["results"]:
-            by = r["columns"]
-            for c in lib:
-                if c["id"] not in by:
-                    continue
-                cells = [ratio(by.get(q["id"], {}).get("median_ms"), by[c["id"]]["median_ms"])
-                         for q in peers]
-                lines.append(f"| {size(r)} | {c['title']} | " + " | ".join(cells) + " |")
-        net = [(r, c) for r in report["results"] for c in lib
-               if "median_net_ms" in r["columns"].get(c["id"], {})]
-        if net:
-            lines += ["", "The same, network only (no pre- or post-processing):", "",
-                      "| image | library | " + " | ".join(f"vs {c['title']}" for c in peers)
-                      + " |", "|---|---|" + "---:|" * len(peers)]
-            for r, c in net:
+        def peer_table(caption: str, key: str, peer_over_lib: bool) -> list[str]:
+            """One row per library column and size that has `key`: peer / library, or the
+            inverse (memory: library / peer)."""
+            rows = []
+            for r in report["results"]:
                 by = r["columns"]
-                cells = [ratio(by.get(q["id"], {}).get("median_net_ms"),
-                               by[c["id"]]["median_net_ms"]) for q in peers]
-                lines.append(f"| {size(r)} | {c['title']} | " + " | ".join(cells) + " |")
-        lines += ["", "Peak RSS of the library against each peer (library / peer; lower: the "
-                      "library needs less):", "",
-                  "| image | library | " + " | ".join(f"vs {c['title']}" for c in peers) + " |",
-                  "|---|---|" + "---:|" * len(peers)]
-        for r in report["results"]:
-            by = r["columns"]
-            for c in lib:
-                if c["id"] not in by:
-                    continue
-                cells = [ratio(by[c["id"]].get("peak_rss"), by.get(q["id"], {}).get("peak_rss"))
-                         for q in peers]
-                lines.append(f"| {size(r)} | {c['title']} | " + " | ".join(cells) + " |")
+                for c in lib:
+                    if key not in by.get(c["id"], {}):
+                        continue
+                    mine = by[c["id"]][key]
+                    cells = [ratio(by.get(q["id"], {}).get(key), mine) if peer_over_lib
+                             else ratio(mine, by.get(q["id"], {}).get(key)) for q in peers]
+                    rows.append(f"| {size(r)} | {c['title']} | " + " | ".join(cells) + " |")
+            if not rows:
+                return []
+            return ["", caption, "",
+                    "| image | library | " + " | ".join(f"vs {c['title']}" for c in peers) + " |",
+                    "|---|---|" + "---:|" * len(peers)] + rows
+
+        lines += peer_table("The library against each peer, end to end (peer time / library "
+                            "time; higher: the library is faster):", "median_ms", True)
+        lines += peer_table("The same, network only (no pre- or post-processing):",
+                            "median_net_ms", True)
+        lines += peer_table("Peak RSS of the library against each peer (library / peer; lower: "
+                            "the library needs less):", "peak_rss", False)
 
     load = report.get("load_ms", {}) if p["load_repeats"] >= 3 else {}
     if "original" in load:
