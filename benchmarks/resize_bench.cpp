@@ -24,6 +24,7 @@
 #include <opencv2/core/utility.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include "bench_util.hpp"
 #include "core/resize/resize.hpp"
 #include "core/resize/wheel_cubic.hpp"
 
@@ -52,23 +53,6 @@ int cv_flag(core::Interp i) {
   return i == core::Interp::kLinear ? cv::INTER_LINEAR
          : i == core::Interp::kArea ? cv::INTER_AREA
                                     : cv::INTER_CUBIC;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::string read_first(const char* file, const char* key) {
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  }
-  return "";
 }
 
 }  // namespace
@@ -136,7 +120,7 @@ int main(int argc, char** argv) {
       run_cv();
       t_cv.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
-    const double a = median(t_ours), b = median(t_cv);
+    const double a = bench::median(t_ours), b = bench::median(t_cv);
     const char* flavor = c.interp != C ? "" : c.flavor == wheel ? "wheel" : "opencv";
     std::printf("%-26s %-7s %10.2f %10.2f %6.2fx\n", name.c_str(), flavor, a, b, a / b);
     rows.push_back({{"resize", name},
@@ -146,18 +130,15 @@ int main(int argc, char** argv) {
                     {"ratio", a / b}});
   }
   if (!json_out.empty()) {
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
     const nlohmann::json out = {
-        {"date", date},
-        {"cpu", read_first("/proc/cpuinfo", "model name")},
-        {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
+        {"date", bench::today()},
+        {"cpu", bench::read_first("/proc/cpuinfo", "model name")},
+        {"cpu_flags", bench::read_first("/proc/cpuinfo", "flags")},
         {"threads", at::get_num_threads()},
         // which host loops and which of the wheel's cubic paths ran
         {"host_loops", core::resize_detail::to_string(core::resize_detail::host_simd())},
         {"wheel_cubic_path", core::resize_detail::to_string(core::resize_detail::wheel_ipp_path())},
-        {"load_average", read_first("/proc/loadavg", "")},
+        {"load_average", bench::read_first("/proc/loadavg", "")},
         {"opencv", CV_VERSION},
         {"reps", reps},
         {"rows", rows}};

@@ -68,6 +68,9 @@ struct SystemInfo {
   std::vector<std::string> cpu_flags;   // the ISA flags that decide the CPU dtypes (avx2, ...)
   std::string onednn_cap;               // ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA when set
   std::vector<std::string> cpu_dtypes;  // "bfloat16: no: ..." per dtype, with the reason
+  // Per dtype, which attention the portable mode runs on the CPU ("float32: the library's
+  // AVX-512 kernel", or LibTorch's with what the kernel needs), from the CPU's CPUID.
+  std::vector<std::string> cpu_attention;
   // Which code path of the opencv-python wheel's INTER_CUBIC (Intel IPP's) this CPU takes, and
   // so whose bytes the Sapiens2 resize reproduces here: "ipp-k0-icx", "ipp-k0-skx", "ipp-l9",
   // "ipp-y8" or "opencv" (no IPP).

@@ -134,6 +134,9 @@ class SystemInfo:
     """``ONEDNN_MAX_CPU_ISA=...`` (or ``DNNL_MAX_CPU_ISA``) when set, else ``""``."""
     cpu_dtypes: tuple[str, ...]
     """One line per dtype of the portable mode on the CPU: ``"bfloat16: no: ..."`` with why."""
+    cpu_attention: tuple[str, ...]
+    """Per dtype, which attention the portable mode runs on the CPU: the library's AVX-512 or
+    AVX512-BF16 kernel, or LibTorch's (with what the kernel would need)."""
     wheel_cubic_path: str
     """The opencv-python wheel's ``INTER_CUBIC`` code path on this CPU (``"ipp-k0-icx"``, ...,
     ``"opencv"``): whose bytes the Sapiens2 resize reproduces here."""

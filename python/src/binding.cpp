@@ -445,6 +445,7 @@ py::dict system_info() {
   d["cpu_flags"] = str_list(s.cpu_flags);
   d["onednn_cap"] = to_str(s.onednn_cap);
   d["cpu_dtypes"] = str_list(s.cpu_dtypes);
+  d["cpu_attention"] = str_list(s.cpu_attention);
   d["wheel_cubic_path"] = to_str(s.wheel_cubic_path);
   d["card_dirs"] = str_list(s.card_dirs);
   return d;

@@ -5,6 +5,7 @@
 #include <openssl/opensslv.h>
 #include <opencv2/core/version.hpp>
 
+#include "../core/attention/cpu_attention.hpp"
 #include "../core/backends.hpp"
 #include "../core/cpu_caps.hpp"
 #include "../core/resize/wheel_cubic.hpp"
@@ -45,6 +46,7 @@ SystemInfo system_info() {
   s.cpu_flags = caps.flags();
   s.onednn_cap = caps.onednn_cap_text;
   s.cpu_dtypes = core::cpu_dtype_lines(caps);
+  s.cpu_attention = core::attention::cpu_attention_lines();
   s.wheel_cubic_path = core::resize_detail::to_string(core::resize_detail::wheel_ipp_path());
   s.card_dirs = io::card_dirs();
   return s;

@@ -220,6 +220,8 @@ int run_info() {
   for (const auto& b : s.backends) std::cout << "  " << b << "\n";
   std::cout << "cpu dtypes (portable):\n";
   for (const auto& d : s.cpu_dtypes) std::cout << "  " << d << "\n";
+  std::cout << "cpu attention (portable):\n";
+  for (const auto& d : s.cpu_attention) std::cout << "  " << d << "\n";
   std::cout << "cv2 cubic   " << s.wheel_cubic_path
             << " (the opencv-python wheel's INTER_CUBIC code path on this CPU; reproduced)\n";
   std::cout << "card folders:\n";

@@ -17,6 +17,7 @@
 
 #include <zlib.h>
 
+#include "core/attention/cpu_attention.hpp"
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/cpu_caps.hpp"
@@ -516,6 +517,35 @@ TEST(UnitNetwork, BFloat16StaysCloseToFloat32) {
               mean_diff, agree);
   EXPECT_LT(mean_diff, 0.1);
   EXPECT_GT(agree, 0.9);
+}
+
+// bfloat16 with the library's attention kernel against bfloat16 with LibTorch's attention, both
+// measured from the float32 network: the kernel may not take the network further from float32.
+TEST(UnitNetwork, BFloat16AttentionKernelAsCloseAsLibTorchs) {
+  if (core::attention::cpu_attention_path(at::kBFloat16, 32) ==
+      core::attention::CpuAttentionPath::kLibTorch) {
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU: bfloat16 runs LibTorch's attention only";
+  }
+  const auto b = core::open_torchscript(fixture("tiny_a_torchscript.pt2"));
+  const auto cfg = config_of(b);
+  const core::v1::Network f32(b.tensors, cfg, c10::Device(c10::kCPU), at::kFloat);
+  const core::v1::Network bf16(b.tensors, cfg, c10::Device(c10::kCPU), at::kBFloat16);
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({1, 3, 256, 192});
+  const at::Tensor a = f32.forward(x);
+  const at::Tensor k = bf16.forward(x).to(at::kFloat);
+  const at::Tensor l =
+      test::with_libtorch_attention([&] { return bf16.forward(x); }).to(at::kFloat);
+  const double dk = (a - k).abs().mean().item<double>(), dl = (a - l).abs().mean().item<double>();
+  const double agree_k = a.argmax(1).eq(k.argmax(1)).to(at::kFloat).mean().item<double>();
+  const double agree_l = a.argmax(1).eq(l.argmax(1)).to(at::kFloat).mean().item<double>();
+  std::printf(
+      "bf16 vs fp32 (Tiny-A): mean |diff| kernel %.4f, LibTorch %.4f; argmax agreement "
+      "%.4f, %.4f\n",
+      dk, dl, agree_k, agree_l);
+  EXPECT_FALSE(at::equal(k, l));  // the two paths did run
+  EXPECT_LE(dk, 1.25 * dl);
+  EXPECT_GE(agree_k, agree_l - 0.01);
 }
 
 // ---- the TorchScript archive reader ------------------------------------------------------------

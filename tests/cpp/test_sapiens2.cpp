@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/attention/cpu_attention.hpp"
 #include "core/backends.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
@@ -218,6 +219,34 @@ TEST(ParitySapiens2, FullSizeLogitsMatchForEveryFileVariant) {
     EXPECT_LE(d, kCpuFp32Bar) << dir;
     EXPECT_EQ(d_f32, 0.0) << dir;
     EXPECT_EQ(d_hf, 0.0) << dir;
+  }
+}
+
+// bfloat16 runs the library's attention kernel (float32 keeps LibTorch's, see sapiens2.cpp): held
+// to bfloat16 with LibTorch's attention, both measured from the reference's float32 logits.
+TEST(ParitySapiens2, Bfloat16AttentionKernelAsCloseAsLibTorchs) {
+  const auto t = open_tensors("s2_tiny.safetensors");
+  const auto cfg = config_of(t);
+  if (core::attention::cpu_attention_path(at::kBFloat16, cfg.head_dim) ==
+      core::attention::CpuAttentionPath::kLibTorch) {
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU: bfloat16 runs LibTorch's attention only";
+  }
+  const auto net = core::make_portable_v2(t, cfg, c10::Device(c10::kCPU), at::kBFloat16);
+  for (const auto& dir : full_size_dirs("s2_tiny")) {
+    const at::Tensor x = library_input(dir).unsqueeze(0), r = ref(dir, "logits");
+    const at::Tensor k = net->forward(x).to(at::kFloat);
+    const at::Tensor l =
+        test::with_libtorch_attention([&] { return net->forward(x); }).to(at::kFloat);
+    const double dk = (k - r).abs().mean().item<double>(), dl = (l - r).abs().mean().item<double>();
+    const double agree_k = k.argmax(1).eq(r.argmax(1)).to(at::kFloat).mean().item<double>();
+    const double agree_l = l.argmax(1).eq(r.argmax(1)).to(at::kFloat).mean().item<double>();
+    std::printf(
+        "s2_tiny %s bf16 vs reference: mean |diff| kernel %.4f, LibTorch %.4f; argmax "
+        "agreement %.4f, %.4f\n",
+        dir.filename().c_str(), dk, dl, agree_k, agree_l);
+    EXPECT_FALSE(at::equal(k, l)) << dir;
+    EXPECT_LE(dk, 1.25 * dl) << dir;
+    EXPECT_GE(agree_k, agree_l - 0.01) << dir;
   }
 }
 

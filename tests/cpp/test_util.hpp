@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -41,6 +42,17 @@ void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> part
       EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
           << "'" << p << "' not in: " << e.what();
   }
+}
+
+// fn() with the portable network's CPU attention forced to LibTorch's scaled_dot_product_attention
+// (SAPIENS_SEG_CPU_ATTENTION=libtorch), the reference the library's attention kernel is held to.
+template <typename Fn>
+auto with_libtorch_attention(Fn fn) {
+  ::setenv("SAPIENS_SEG_CPU_ATTENTION", "libtorch", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("SAPIENS_SEG_CPU_ATTENTION"); }
+  } unset;
+  return fn();
 }
 
 }  // namespace sapiens_seg::test

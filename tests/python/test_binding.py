@@ -342,6 +342,12 @@ def test_system_info_describes_the_cpu():
     assert bf16 == ("bfloat16" in info.backends[0])
     assert bf16 == ("avx512_bf16" in info.cpu_flags or "amx_bf16" in info.cpu_flags) or \
         info.onednn_cap
+    # The attention kernel follows the CPU's own flags (CPUID), as /proc/cpuinfo lists them.
+    flags = set(open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split())
+    avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"} <= flags
+    assert [a.split(":")[0] for a in info.cpu_attention] == ["float32", "bfloat16", "float16"]
+    assert ("AVX-512 kernel" in info.cpu_attention[0]) == avx512
+    assert ("AVX512-BF16 kernel" in info.cpu_attention[1]) == (avx512 and "avx512_bf16" in flags)
 
 
 def test_missing_files_raise_weights_not_found(model, tmp_path):

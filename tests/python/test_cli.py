@@ -166,6 +166,7 @@ def test_info_lists_the_cpu_dtypes_and_why():
     assert "float32: yes" in r.stdout
     assert "bfloat16: no: " in r.stdout and "AVX512-BF16 or AMX-BF16" in r.stdout
     assert "float16: no: " in r.stdout and "AVX512-FP16 or AMX-FP16" in r.stdout
+    assert "cpu attention (portable):\n  float32: " in r.stdout
     r = run("info", env={"DNNL_MAX_CPU_ISA": "AVX2"})
     assert r.returncode == 0, r.stderr
     assert "oneDNN capped: DNNL_MAX_CPU_ISA=AVX2" in r.stdout

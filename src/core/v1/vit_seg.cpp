@@ -12,6 +12,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 
+#include "../attention/cpu_attention.hpp"
 #include "../layout.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -543,6 +544,8 @@ at::Tensor Network::forward(const at::Tensor& input) const {
     at::native_layer_norm_out(h, ln_mean, ln_rstd, x, {C}, w, b, kLayerNormEps);
   };
   const bool cpu = device_.is_cpu();
+  const attention::CpuAttentionPath attn_path =
+      cpu ? attention::cpu_attention_path(dtype_, hd) : attention::CpuAttentionPath::kLibTorch;
   at::Tensor qkv = cpu ? at::empty({M, 3 * C}, x.options()) : at::Tensor();
   bool first = true;
   for (const Block& b : blocks_) {
@@ -555,8 +558,12 @@ at::Tensor Network::forward(const at::Tensor& input) const {
     }
     // [B, N, 3, heads, hd] -> q, k, v as [B, heads, N, hd] views; rows of qkv.weight are Q, K, V.
     const at::Tensor q5 = qkv.view({B, N, 3, c.heads, hd}).permute({2, 0, 3, 1, 4});
-    at::Tensor o = at::scaled_dot_product_attention(q5[0], q5[1], q5[2]);
-    o = o.transpose(1, 2).reshape({M, C});
+    at::Tensor o;
+    if (cpu) {
+      o = attention::cpu_attention(q5[0], q5[1], q5[2], attn_path).view({M, C});
+    } else {
+      o = at::scaled_dot_product_attention(q5[0], q5[1], q5[2]).transpose(1, 2).reshape({M, C});
+    }
     if (cpu) {
       x = linear_add_cpu(o, x, b.proj_w, b.proj_b);
     } else {

@@ -10,6 +10,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include "../attention/cpu_attention.hpp"
 #include "../layout.hpp"
 #include "../mapped_file.hpp"
 #include "sapiens_seg/error.hpp"
@@ -398,6 +399,15 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
     return at::cat({b.narrow(2, 0, pre), p}, 2).to(t.scalar_type());
   };
 
+  // float32 keeps LibTorch's attention, the authors' module's own: the bf16 rounding of q and k
+  // before RoPE (above) turns the kernel's float32-ulp differences into whole bf16 steps in later
+  // blocks, which added up to 0.003-0.012 in the tiny fixture's logits, over the 0.002 bar of
+  // float32 (the kernel itself is as close to exact attention as LibTorch's). bfloat16 has no
+  // such bar and gains 2.4-2.6x in attention (benchmarks/attention_bench.cpp).
+  const attention::CpuAttentionPath attn_path =
+      device_.is_cpu() && x.scalar_type() != at::kFloat
+          ? attention::cpu_attention_path(x.scalar_type(), hd)
+          : attention::CpuAttentionPath::kLibTorch;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const Block& b = blocks_[i];
     const int64_t kv = b.kv_heads;
@@ -407,12 +417,16 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
     at::Tensor v = at::linear(h, b.wv_w, b.wv_b).view({B, N, kv, hd}).transpose(1, 2);
     q = rope(at::rms_norm(q, {hd}, b.q_norm_w, kRmsNormEps));
     k = rope(at::rms_norm(k, {hd}, b.k_norm_w, kRmsNormEps));
-    if (kv != H) {  // kv head j serves query heads j*f .. j*f+f-1
-      k = k.repeat_interleave(H / kv, 1);
-      v = v.repeat_interleave(H / kv, 1);
+    at::Tensor o;
+    if (device_.is_cpu()) {  // takes the grouped kv heads as they are
+      o = attention::cpu_attention(q, k, v, attn_path).view({B, N, C});
+    } else {
+      if (kv != H) {  // kv head j serves query heads j*f .. j*f+f-1
+        k = k.repeat_interleave(H / kv, 1);
+        v = v.repeat_interleave(H / kv, 1);
+      }
+      o = at::scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape({B, N, C});
     }
-    at::Tensor o = at::scaled_dot_product_attention(q, k, v);
-    o = o.transpose(1, 2).reshape({B, N, C});
     x = x + at::linear(o, b.proj_w, b.proj_b).mul(b.gamma);
     h = at::rms_norm(x, {C}, b.ln2_w, kRmsNormEps);
     // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.

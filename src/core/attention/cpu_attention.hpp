@@ -1,0 +1,44 @@
+// Scaled dot-product attention on the CPU for the portable network (no mask, scale 1/sqrt(hd)).
+//
+// LibTorch's CPU kernel (at::scaled_dot_product_attention) runs its blocks through generic GEMM
+// calls and gets no faster in bfloat16 than in float32 (benchmarks/cpu_dtype_probe.py). This one
+// is written for the networks' shapes (thousands of tokens, head dims 60 to 128): packed K and V
+// per head, register-tiled AVX-512 dot products (VDPBF16PS for bfloat16: bf16 products summed in
+// float32), and an exact softmax over each query row's scores, which stay in float32.
+//
+// Arithmetic, as LibTorch's kernel does it in each dtype: scores and their softmax in float32;
+// in bfloat16 the probabilities are rounded to bfloat16 before they weight V, and the float32 sum
+// of the weighted V rows is divided by the float32 sum of the probabilities and rounded once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace sapiens_seg::core::attention {
+
+enum class CpuAttentionPath {
+  kLibTorch,    // at::scaled_dot_product_attention
+  kAvx512,      // float32 inputs, AVX-512 F/BW/DQ/VL + FMA
+  kAvx512Bf16,  // bfloat16 inputs, + AVX512-BF16
+};
+const char* to_string(CpuAttentionPath path);
+
+// The path for `dtype` and head dim `hd` on this CPU (kLibTorch where the CPU lacks the
+// instructions, or for shapes the kernel does not cover); SAPIENS_SEG_CPU_ATTENTION=libtorch
+// forces kLibTorch, for A/B benchmarks.
+CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd);
+
+// One line per dtype for `info`: which attention the portable network runs on this CPU, and why.
+std::vector<std::string> cpu_attention_lines();
+
+// q [B, Hq, N, hd], k and v [B, Hk, N, hd] with Hk dividing Hq (kv head j serves query heads
+// j*Hq/Hk .. (j+1)*Hq/Hk - 1, as repeat_interleave expands them), any strides with a contiguous
+// last dim. Returns [B, N, Hq * hd] with the heads merged (the layout the output projection
+// reads), in q's dtype. `path` kLibTorch is the reference; the other paths need what
+// cpu_attention_path checks and throw Error(kInvalidArgument) otherwise.
+at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         CpuAttentionPath path);
+
+}  // namespace sapiens_seg::core::attention

@@ -1,0 +1,53 @@
+#include "cpuid.hpp"
+
+#ifdef SAPIENS_SEG_X86
+#include <cpuid.h>
+#endif
+
+namespace sapiens_seg::core {
+
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+#ifdef SAPIENS_SEG_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  if (max_leaf < 1) return f;
+  __cpuid_count(1, 0, a, b, c, d);
+  f.sse42 = (c >> 20) & 1;
+  f.fma = (c >> 12) & 1;
+  f.osxsave = (c >> 27) & 1;
+  f.avx = (c >> 28) & 1;
+  if (f.osxsave) {
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.xcr0 = (static_cast<std::uint64_t>(hi) << 32) | lo;
+  }
+  if (max_leaf >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    f.bmi1 = (b >> 3) & 1;
+    f.avx2 = (b >> 5) & 1;
+    f.bmi2 = (b >> 8) & 1;
+    f.avx512f = (b >> 16) & 1;
+    f.avx512dq = (b >> 17) & 1;
+    f.avx512cd = (b >> 28) & 1;
+    f.avx512bw = (b >> 30) & 1;
+    f.avx512vl = (b >> 31) & 1;
+    f.avx512_vpopcntdq = (c >> 14) & 1;
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512_bf16 = (a >> 5) & 1;
+    if ((d >> 19) & 1 && max_leaf >= 0x24) {  // AVX10: its version and vector widths
+      unsigned a2 = 0, b2 = 0, c2 = 0, d2 = 0;
+      __cpuid_count(0x24, 0, a2, b2, c2, d2);
+      f.avx10_512 = (b2 & 0xFF) >= 2 && ((b2 >> 18) & 1);
+    }
+  }
+#endif
+  return f;
+}
+
+const CpuFeatures& host_cpu_features() {
+  static const CpuFeatures f = cpu_features();
+  return f;
+}
+
+}  // namespace sapiens_seg::core

@@ -1,0 +1,42 @@
+// What the CPU running the library can execute, read through CPUID and XGETBV: which of the
+// library's own vector loops (the resizes' AVX2 code, the CPU attention kernel's AVX-512 code)
+// may run. /proc/cpuinfo (cpu_caps.hpp) answers a different question, what LibTorch's oneDNN will
+// do, and can be overridden for tests; this cannot, because running an instruction the CPU lacks
+// kills the process.
+//
+// The library is compiled for baseline x86-64 (SSE2) and must run anywhere, so wider code is
+// compiled per function (__attribute__((target(...)))) and only called after these bits, and the
+// OS's saved register state in XCR0, said it may.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SAPIENS_SEG_X86 1
+#endif
+
+namespace sapiens_seg::core {
+
+struct CpuFeatures {
+  bool sse42 = false, avx = false, osxsave = false, fma = false;
+  bool avx2 = false, bmi1 = false, bmi2 = false;
+  bool avx512f = false, avx512cd = false, avx512bw = false, avx512dq = false, avx512vl = false;
+  bool avx512_vpopcntdq = false;
+  bool avx512_bf16 = false;  // VDPBF16PS / VCVTNEPS2BF16
+  bool avx10_512 = false;    // AVX10 version >= 2 with 512-bit vectors
+  std::uint64_t xcr0 = 0;    // XGETBV(0) when osxsave
+
+  // The OS saves the SSE and AVX (YMM) state across context switches (else AVX faults).
+  bool ymm_os() const { return osxsave && avx && (xcr0 & 0x6) == 0x6; }
+  // ... and the AVX-512 state (opmask, upper ZMM halves, ZMM16-31).
+  bool zmm_os() const { return ymm_os() && (xcr0 & 0xE0) == 0xE0; }
+  // AVX-512 F/BW/DQ/VL with FMA (Skylake-X, Zen 4 and later), usable.
+  bool avx512_core() const {
+    return zmm_os() && fma && avx512f && avx512bw && avx512dq && avx512vl;
+  }
+};
+
+CpuFeatures cpu_features();              // this CPU, read on every call (all false off x86)
+const CpuFeatures& host_cpu_features();  // this CPU, read once
+
+}  // namespace sapiens_seg::core

@@ -1,0 +1,174 @@
+// The CPU attention kernel (core/attention) against attention computed in float64 from the same
+// inputs, beside LibTorch's own kernel in the same dtype: the bar for the kernel is to be as close
+// to the exact result as LibTorch's at::scaled_dot_product_attention is.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/attention/cpu_attention.hpp"
+#include "core/cpuid.hpp"
+#include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
+
+using namespace sapiens_seg;
+using core::attention::cpu_attention;
+using core::attention::cpu_attention_path;
+using core::attention::CpuAttentionPath;
+using sapiens_seg::test::expect_error;
+
+namespace {
+
+struct Case {
+  int64_t B, Hq, Hk, N, hd;
+};
+
+// Logits spread over ~+-20 (scale 1/sqrt(hd) included), as trained attention's are, so that the
+// softmax is peaked and its max subtraction and exp are exercised, not only a flat average.
+struct Qkv {
+  at::Tensor q, k, v;
+};
+Qkv random_qkv(const Case& c, at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(static_cast<int64_t>(seed));
+  auto opt = at::TensorOptions().dtype(at::kFloat);
+  Qkv r;
+  r.q = (at::randn({c.B, c.Hq, c.N, c.hd}, opt) * 2.0).to(dtype);
+  r.k = (at::randn({c.B, c.Hk, c.N, c.hd}, opt) * 2.0).to(dtype);
+  r.v = at::randn({c.B, c.Hk, c.N, c.hd}, opt).to(dtype);
+  return r;
+}
+
+// [B, N, Hq * hd] in float64 from the inputs' values.
+at::Tensor exact(const Qkv& x) {
+  at::Tensor q = x.q.to(at::kDouble), k = x.k.to(at::kDouble), v = x.v.to(at::kDouble);
+  const int64_t B = q.size(0), Hq = q.size(1), N = q.size(2), hd = q.size(3);
+  k = k.repeat_interleave(Hq / k.size(1), 1);
+  v = v.repeat_interleave(Hq / v.size(1), 1);
+  at::Tensor p = at::softmax(at::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(hd)), -1);
+  return at::matmul(p, v).transpose(1, 2).reshape({B, N, Hq * hd});
+}
+
+double max_err(const at::Tensor& got, const at::Tensor& ref) {
+  return (got.to(at::kDouble) - ref).abs().max().item<double>();
+}
+double mean_err(const at::Tensor& got, const at::Tensor& ref) {
+  return (got.to(at::kDouble) - ref).abs().mean().item<double>();
+}
+
+const Case kCases[] = {
+    {1, 2, 2, 200, 64},   // v1's head dim, N not a multiple of the 64-key tile
+    {2, 4, 2, 77, 80},    // 0.6b's head dim (5 vectors), grouped kv heads (Sapiens2's GQA)
+    {1, 3, 1, 5, 60},     // 2b's head dim (a masked tail vector), one kv head for three
+    {1, 1, 1, 1, 64},     // one token: the softmax of one score is 1
+    {1, 2, 2, 130, 128},  // the widest head dim the kernel takes
+    {1, 2, 2, 64, 32},    // one tile exactly
+    {2, 4, 2, 300, 20},   // the Sapiens2 tiny fixture's head dim (a 4-wide tail vector)
+};
+
+std::string name(const Case& c) {
+  return "B" + std::to_string(c.B) + " Hq" + std::to_string(c.Hq) + " Hk" + std::to_string(c.Hk) +
+         " N" + std::to_string(c.N) + " hd" + std::to_string(c.hd);
+}
+
+}  // namespace
+
+TEST(UnitCpuAttention, PathFollowsTheCpu) {
+  const core::CpuFeatures& f = core::host_cpu_features();
+  EXPECT_EQ(cpu_attention_path(at::kFloat, 64),
+            f.avx512_core() ? CpuAttentionPath::kAvx512 : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64), f.avx512_core() && f.avx512_bf16
+                                                       ? CpuAttentionPath::kAvx512Bf16
+                                                       : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(cpu_attention_path(at::kFloat, 129), CpuAttentionPath::kLibTorch);    // over 8 vectors
+  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 63), CpuAttentionPath::kLibTorch);  // odd: no pairs
+  EXPECT_EQ(cpu_attention_path(at::kHalf, 64), CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(test::with_libtorch_attention([] { return cpu_attention_path(at::kFloat, 64); }),
+            CpuAttentionPath::kLibTorch);
+}
+
+TEST(UnitCpuAttention, RefusesWhatItCannotRun) {
+  const Qkv x = random_qkv({1, 2, 2, 8, 64}, at::kFloat, 1);
+  // A path for another dtype (or, on a CPU without AVX-512, any kernel path).
+  expect_error([&] { cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512Bf16); },
+               ErrorCode::kInvalidInput, {"avx512-bf16", "cannot run", "Float"});
+  expect_error(
+      [&] {
+        cpu_attention(x.q, x.k.repeat({1, 2, 1, 1}).narrow(1, 0, 3), x.v,
+                      CpuAttentionPath::kLibTorch);
+      },
+      ErrorCode::kInvalidInput, {"shapes"});
+  expect_error([&] { cpu_attention(x.q, x.k.to(at::kBFloat16), x.v, CpuAttentionPath::kLibTorch); },
+               ErrorCode::kInvalidInput, {"dtypes"});
+}
+
+// float32: within float32 rounding of the exact result, and no further from it than LibTorch.
+TEST(UnitCpuAttention, Float32MatchesExactAttention) {
+  if (!core::host_cpu_features().avx512_core()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 F/BW/DQ/VL: the float32 kernel cannot run here";
+  }
+  uint64_t seed = 10;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const Qkv x = random_qkv(c, at::kFloat, ++seed);
+    const at::Tensor ref = exact(x);
+    const at::Tensor got = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512);
+    const at::Tensor lib = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kLibTorch);
+    ASSERT_EQ(got.sizes(), ref.sizes());
+    ASSERT_EQ(got.scalar_type(), at::kFloat);
+    std::printf("float32 %-24s max |err| kernel %.3g, LibTorch %.3g\n", name(c).c_str(),
+                max_err(got, ref), max_err(lib, ref));
+    EXPECT_LT(max_err(got, ref), 2e-5);
+    EXPECT_LE(max_err(got, ref), 4 * max_err(lib, ref) + 2e-6);
+  }
+}
+
+// bfloat16: the probabilities and the output are rounded to bfloat16, as in LibTorch's kernel; the
+// errors against the exact result are held to LibTorch's own in the same dtype.
+TEST(UnitCpuAttention, Bfloat16AsCloseAsLibTorch) {
+  const core::CpuFeatures& f = core::host_cpu_features();
+  if (!f.avx512_core() || !f.avx512_bf16) {
+    GTEST_SKIP() << "this CPU has no AVX512-BF16: the bfloat16 kernel cannot run here";
+  }
+  uint64_t seed = 20;
+  for (const Case& c : kCases) {
+    if (c.hd % 2) continue;
+    SCOPED_TRACE(name(c));
+    const Qkv x = random_qkv(c, at::kBFloat16, ++seed);
+    const at::Tensor ref = exact(x);
+    const at::Tensor got = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512Bf16);
+    const at::Tensor lib = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kLibTorch);
+    ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+    const double lib_max = max_err(lib, ref), lib_mean = mean_err(lib, ref);
+    std::printf("bfloat16 %-24s max |err| kernel %.3g, LibTorch %.3g; mean %.3g, %.3g\n",
+                name(c).c_str(), max_err(got, ref), lib_max, mean_err(got, ref), lib_mean);
+    EXPECT_LE(max_err(got, ref), 1.5 * lib_max + 1e-3) << "LibTorch's max error " << lib_max;
+    EXPECT_LE(mean_err(got, ref), 1.2 * lib_mean + 1e-5) << "LibTorch's mean error " << lib_mean;
+    EXPECT_LT(max_err(got, ref), 2e-2);
+  }
+}
+
+// q, k, v as v1 takes them from its fused qkv GEMM (strided views of one [B, N, 3, heads, hd]
+// tensor), and grouped kv heads, give the same bytes as contiguous, expanded inputs.
+TEST(UnitCpuAttention, StridedAndGroupedInputsGiveTheSameBytes) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const CpuAttentionPath path = cpu_attention_path(dtype, 64);
+    if (path == CpuAttentionPath::kLibTorch) continue;
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(3);
+    const at::Tensor qkv = at::randn({2, 100, 3, 4, 64}).to(dtype);
+    const at::Tensor q5 = qkv.permute({2, 0, 3, 1, 4});
+    const at::Tensor strided = cpu_attention(q5[0], q5[1], q5[2], path);
+    const at::Tensor packed =
+        cpu_attention(q5[0].contiguous(), q5[1].contiguous(), q5[2].contiguous(), path);
+    EXPECT_TRUE(at::equal(strided, packed));
+
+    const at::Tensor k2 = q5[1].narrow(1, 0, 2), v2 = q5[2].narrow(1, 0, 2);
+    const at::Tensor grouped = cpu_attention(q5[0], k2, v2, path);
+    const at::Tensor expanded =
+        cpu_attention(q5[0], k2.repeat_interleave(2, 1), v2.repeat_interleave(2, 1), path);
+    EXPECT_TRUE(at::equal(grouped, expanded));
+  }
+}
