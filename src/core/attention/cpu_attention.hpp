@@ -2,9 +2,10 @@
 //
 // LibTorch's CPU kernel (at::scaled_dot_product_attention) runs its blocks through generic GEMM
 // calls and gets no faster in bfloat16 than in float32 (benchmarks/cpu_dtype_probe.py). This one
-// is written for the networks' shapes (thousands of tokens, head dims 60 to 128): packed K and V
-// per head, register-tiled AVX-512 dot products (VDPBF16PS for bfloat16: bf16 products summed in
-// float32), and an exact softmax over each query row's scores, which stay in float32.
+// is written for the networks' shapes (thousands of tokens, head dims up to 128; the models use
+// 60 to 80): packed K and V per head, register-tiled AVX-512 dot products (VDPBF16PS for
+// bfloat16: bf16 products summed in float32), and an exact softmax over each query row's scores,
+// which stay in float32.
 //
 // Arithmetic, as LibTorch's kernel does it in each dtype: scores and their softmax in float32;
 // in bfloat16 the probabilities are rounded to bfloat16 before they weight V, and the float32 sum
