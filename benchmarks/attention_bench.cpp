@@ -1,6 +1,7 @@
 // attention_bench: the CPU attention kernel (core/attention) against LibTorch's
 // at::scaled_dot_product_attention on the networks' attention shapes at 1024x768, same process,
-// same threads, alternating calls, each in float32 and (where the CPU has AVX512-BF16) bfloat16.
+// same threads, alternating calls, on every kernel path this CPU runs: float32 on AVX-512 and on
+// AVX2 + FMA, bfloat16 where the CPU has AVX512-BF16.
 //
 //   attention_bench [--reps N] [--json FILE] [--only TEXT]
 //
@@ -63,13 +64,16 @@ int main(int argc, char** argv) {
     }
   }
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-24s %-9s %12s %12s %9s %9s %7s\n", "case", "dtype", "libtorch_ms", "kernel_ms",
-              "lib_GF/s", "ker_GF/s", "ratio");
+  std::printf("%-24s %-9s %-11s %12s %12s %9s %9s %7s\n", "case", "dtype", "path", "libtorch_ms",
+              "kernel_ms", "lib_GF/s", "ker_GF/s", "ratio");
   for (const Case& c : kCases) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
-    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-      const attn::CpuAttentionPath path = attn::cpu_attention_path(dtype, c.hd);
-      if (path == attn::CpuAttentionPath::kLibTorch) continue;  // no kernel for it on this CPU
+    for (const attn::CpuAttentionPath path :
+         {attn::CpuAttentionPath::kAvx512, attn::CpuAttentionPath::kAvx2,
+          attn::CpuAttentionPath::kAvx512Bf16}) {
+      const at::ScalarType dtype =
+          path == attn::CpuAttentionPath::kAvx512Bf16 ? at::kBFloat16 : at::kFloat;
+      if (!attn::cpu_attention_runs(path, dtype, c.hd)) continue;  // not on this CPU
       at::manual_seed(0);
       at::Tensor q, k, v;
       if (c.fused_qkv) {
@@ -95,8 +99,8 @@ int main(int argc, char** argv) {
       const double gflop =
           4.0 * double(c.tokens) * double(c.tokens) * double(c.hd) * double(c.heads) / 1e9;
       const char* dt = dtype == at::kFloat ? "float32" : "bfloat16";
-      std::printf("%-24s %-9s %12.1f %12.1f %9.1f %9.1f %6.2fx\n", c.name, dt, a, b,
-                  gflop / a * 1e3, gflop / b * 1e3, a / b);
+      std::printf("%-24s %-9s %-11s %12.1f %12.1f %9.1f %9.1f %6.2fx\n", c.name, dt,
+                  attn::to_string(path), a, b, gflop / a * 1e3, gflop / b * 1e3, a / b);
       std::fflush(stdout);
       rows.push_back({{"case", c.name},
                       {"dtype", dt},

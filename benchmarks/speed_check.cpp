@@ -658,7 +658,8 @@ OMP_NUM_THREADS is honoured as LibTorch and PyTorch honour it; --threads overrid
 --wait-quiet S: before each timed call, wait up to S seconds until other jobs use less than a
 fifth of a core (the load seen is recorded either way); for machines shared with other work.
 Peers (CPU only; benchmarks/peers_python.py, their packages from `tools/setup.sh --bench`):
-onnxruntime and openvino (two columns: f32, and OpenVINO's default precision for this CPU) run
+onnxruntime and openvino (two columns: f32, and OpenVINO's default precision for this CPU;
+openvino-f32 or openvino-default for one, e.g. where the default is f32 anyway) run
 the project's ONNX export of the model (tools/export_onnx.py, made for this run and checked
 against the original unless --onnx names one); transformers runs Sapiens2 files only.
 original-python is the authors' pipeline: torch.jit for Sapiens v1, the authors' module
@@ -1184,23 +1185,30 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
       cols.emplace_back("original", "original", "original", "float32", false);
     } else if (m == "portable" || m == "kernels") {
       for (const auto& d : o.dtypes) cols.emplace_back(m + " " + d, m + " " + d, m, d, false);
-    } else if (m == "onnxruntime" || m == "openvino" || m == "transformers") {
+    } else if (m == "onnxruntime" || m == "openvino" || m == "openvino-f32" ||
+               m == "openvino-default" || m == "transformers") {
       if (!cpu && !o.modes_given) continue;                              // CPU peers
       if (m == "transformers" && !sapiens2 && !o.modes_given) continue;  // no v1 model there
       if (m == "onnxruntime") {
         cols.emplace_back("onnxruntime", "ONNX Runtime", m, "float32", true, "onnxruntime");
-      } else if (m == "openvino") {
-        cols.emplace_back("openvino f32", "OpenVINO f32", m, "float32", true, "openvino");
-        cols.emplace_back("openvino default", "OpenVINO default", m, "default", true,
-                          "openvino-default");
+      } else if (m != "transformers") {
+        // openvino-f32 alone where OpenVINO's default precision is f32 anyway (CPUs without
+        // bf16 or f16 dot products): the default column would time the same graph twice.
+        if (m != "openvino-default") {
+          cols.emplace_back("openvino f32", "OpenVINO f32", "openvino", "float32", true,
+                            "openvino");
+        }
+        if (m != "openvino-f32") {
+          cols.emplace_back("openvino default", "OpenVINO default", "openvino", "default", true,
+                            "openvino-default");
+        }
       } else {
         cols.emplace_back("transformers", "transformers", m, "float32", true, "transformers");
       }
     } else {
-      throw std::invalid_argument(
-          "unknown mode '" + m +
-          "' (original-python, original, portable, kernels, onnxruntime, openvino, "
-          "transformers)");
+      throw std::invalid_argument("unknown mode '" + m +
+                                  "' (original-python, original, portable, kernels, onnxruntime, "
+                                  "openvino, openvino-f32, openvino-default, transformers)");
     }
   }
 

@@ -24,7 +24,7 @@ PY_REQS=(
   "pybind11==3.1.0"           # the Python binding (python/), found by CMake through this venv
   "scikit-build-core==1.1.2"  # pip install --no-build-isolation . (pyproject.toml)
   "pillow==13.0.0"            # the binding's PIL input test
-  "safetensors==0.7.0"        # cross-checks of the C++ safetensors reader (safetensors_tests)
+  "safetensors==0.8.0"        # cross-checks of the C++ safetensors reader (safetensors_tests); transformers 5.23 (--bench) needs >= 0.8
   "nvidia-cudnn-frontend==1.32.0" # header-only cuDNN graph API for the kernels backend (CMake finds its headers here)
   "ray[data]==2.60.0"         # sapiens_seg.ray: batch segmentation on Ray Data, and its tests
   "pyarrow==26.0.1"           # pulled by ray[data]; pinned so the tested versions are installed

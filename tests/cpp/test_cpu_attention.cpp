@@ -17,6 +17,7 @@
 using namespace sapiens_seg;
 using core::attention::cpu_attention;
 using core::attention::cpu_attention_path;
+using core::attention::cpu_attention_runs;
 using core::attention::CpuAttentionPath;
 using sapiens_seg::test::expect_error;
 
@@ -77,11 +78,15 @@ std::string name(const Case& c) {
 
 TEST(UnitCpuAttention, PathFollowsTheCpu) {
   const core::CpuFeatures& f = core::host_cpu_features();
-  EXPECT_EQ(cpu_attention_path(at::kFloat, 64),
-            f.avx512_core() ? CpuAttentionPath::kAvx512 : CpuAttentionPath::kLibTorch);
+  const bool avx2 = f.ymm_os() && f.avx2 && f.fma;
+  EXPECT_EQ(cpu_attention_path(at::kFloat, 64), f.avx512_core() ? CpuAttentionPath::kAvx512
+                                                : avx2          ? CpuAttentionPath::kAvx2
+                                                                : CpuAttentionPath::kLibTorch);
   EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64), f.avx512_core() && f.avx512_bf16
                                                        ? CpuAttentionPath::kAvx512Bf16
                                                        : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(cpu_attention_runs(CpuAttentionPath::kAvx2, at::kFloat, 64), avx2);
+  EXPECT_FALSE(cpu_attention_runs(CpuAttentionPath::kAvx2, at::kBFloat16, 64));   // float32 only
   EXPECT_EQ(cpu_attention_path(at::kFloat, 129), CpuAttentionPath::kLibTorch);    // over 8 vectors
   EXPECT_EQ(cpu_attention_path(at::kBFloat16, 63), CpuAttentionPath::kLibTorch);  // odd: no pairs
   EXPECT_EQ(cpu_attention_path(at::kHalf, 64), CpuAttentionPath::kLibTorch);
@@ -94,6 +99,9 @@ TEST(UnitCpuAttention, RefusesWhatItCannotRun) {
   // A path for another dtype (or, on a CPU without AVX-512, any kernel path).
   expect_error([&] { cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512Bf16); },
                ErrorCode::kInvalidInput, {"avx512-bf16", "cannot run", "Float"});
+  const Qkv h = random_qkv({1, 2, 2, 8, 64}, at::kBFloat16, 1);
+  expect_error([&] { cpu_attention(h.q, h.k, h.v, CpuAttentionPath::kAvx2); },
+               ErrorCode::kInvalidInput, {"avx2", "cannot run", "BFloat16"});
   expect_error(
       [&] {
         cpu_attention(x.q, x.k.repeat({1, 2, 1, 1}).narrow(1, 0, 3), x.v,
@@ -104,25 +112,50 @@ TEST(UnitCpuAttention, RefusesWhatItCannotRun) {
                ErrorCode::kInvalidInput, {"dtypes"});
 }
 
-// float32: within float32 rounding of the exact result, and no further from it than LibTorch.
+// float32: within float32 rounding of the exact result, and no further from it than LibTorch;
+// every float32 path this CPU can run (an AVX-512 CPU runs the AVX2 one too).
 TEST(UnitCpuAttention, Float32MatchesExactAttention) {
-  if (!core::host_cpu_features().avx512_core()) {
-    GTEST_SKIP() << "this CPU has no AVX-512 F/BW/DQ/VL: the float32 kernel cannot run here";
+  int ran = 0;
+  for (CpuAttentionPath path : {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
+    if (!cpu_attention_runs(path, at::kFloat, 64)) continue;
+    ++ran;
+    uint64_t seed = 10;
+    for (const Case& c : kCases) {
+      SCOPED_TRACE(std::string(core::attention::to_string(path)) + " " + name(c));
+      const Qkv x = random_qkv(c, at::kFloat, ++seed);
+      const at::Tensor ref = exact(x);
+      const at::Tensor got = cpu_attention(x.q, x.k, x.v, path);
+      const at::Tensor lib = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kLibTorch);
+      ASSERT_EQ(got.sizes(), ref.sizes());
+      ASSERT_EQ(got.scalar_type(), at::kFloat);
+      std::printf("float32 %-11s %-24s max |err| kernel %.3g, LibTorch %.3g\n",
+                  core::attention::to_string(path), name(c).c_str(), max_err(got, ref),
+                  max_err(lib, ref));
+      EXPECT_LT(max_err(got, ref), 2e-5);
+      EXPECT_LE(max_err(got, ref), 4 * max_err(lib, ref) + 2e-6);
+    }
   }
-  uint64_t seed = 10;
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
-    const Qkv x = random_qkv(c, at::kFloat, ++seed);
+  if (ran == 0) GTEST_SKIP() << "this CPU has neither AVX-512 nor AVX2 + FMA: no float32 kernel";
+}
+
+// Scores far apart (a row's terms spanning more than float32's exponent range) and the extremes
+// of the exp: the softmax's max subtraction and its smallest terms, on every float32 path.
+TEST(UnitCpuAttention, Float32PeakedSoftmax) {
+  int ran = 0;
+  for (CpuAttentionPath path : {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
+    if (!cpu_attention_runs(path, at::kFloat, 64)) continue;
+    ++ran;
+    SCOPED_TRACE(core::attention::to_string(path));
+    Qkv x = random_qkv({1, 2, 2, 150, 64}, at::kFloat, 7);
+    x.q = x.q * 40;  // logits up to ~+-2000: most terms underflow, a few dominate
     const at::Tensor ref = exact(x);
-    const at::Tensor got = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512);
+    const at::Tensor got = cpu_attention(x.q, x.k, x.v, path);
     const at::Tensor lib = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kLibTorch);
-    ASSERT_EQ(got.sizes(), ref.sizes());
-    ASSERT_EQ(got.scalar_type(), at::kFloat);
-    std::printf("float32 %-24s max |err| kernel %.3g, LibTorch %.3g\n", name(c).c_str(),
-                max_err(got, ref), max_err(lib, ref));
-    EXPECT_LT(max_err(got, ref), 2e-5);
-    EXPECT_LE(max_err(got, ref), 4 * max_err(lib, ref) + 2e-6);
+    EXPECT_TRUE(at::isfinite(got).all().item<bool>());
+    EXPECT_LE(max_err(got, ref), 4 * max_err(lib, ref) + 2e-6)
+        << "kernel " << max_err(got, ref) << ", LibTorch " << max_err(lib, ref);
   }
+  if (ran == 0) GTEST_SKIP() << "this CPU has neither AVX-512 nor AVX2 + FMA: no float32 kernel";
 }
 
 // bfloat16: the probabilities and the output are rounded to bfloat16, as in LibTorch's kernel; the
@@ -153,10 +186,11 @@ TEST(UnitCpuAttention, Bfloat16AsCloseAsLibTorch) {
 // q, k, v as v1 takes them from its fused qkv GEMM (strided views of one [B, N, 3, heads, hd]
 // tensor), and grouped kv heads, give the same bytes as contiguous, expanded inputs.
 TEST(UnitCpuAttention, StridedAndGroupedInputsGiveTheSameBytes) {
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    const CpuAttentionPath path = cpu_attention_path(dtype, 64);
-    if (path == CpuAttentionPath::kLibTorch) continue;
-    SCOPED_TRACE(c10::toString(dtype));
+  for (CpuAttentionPath path :
+       {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2, CpuAttentionPath::kAvx512Bf16}) {
+    const at::ScalarType dtype = path == CpuAttentionPath::kAvx512Bf16 ? at::kBFloat16 : at::kFloat;
+    if (!cpu_attention_runs(path, dtype, 64)) continue;
+    SCOPED_TRACE(core::attention::to_string(path));
     at::manual_seed(3);
     const at::Tensor qkv = at::randn({2, 100, 3, 4, 64}).to(dtype);
     const at::Tensor q5 = qkv.permute({2, 0, 3, 1, 4});

@@ -347,6 +347,7 @@ def test_system_info_describes_the_cpu():
     avx512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl", "fma"} <= flags
     assert [a.split(":")[0] for a in info.cpu_attention] == ["float32", "bfloat16", "float16"]
     assert ("AVX-512 kernel" in info.cpu_attention[0]) == avx512
+    assert ("AVX2 kernel" in info.cpu_attention[0]) == (not avx512 and {"avx2", "fma"} <= flags)
     assert ("AVX512-BF16 kernel" in info.cpu_attention[1]) == (avx512 and "avx512_bf16" in flags)
 
 

@@ -20,20 +20,27 @@
 #define SAPIENS_SEG_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
 #define SAPIENS_SEG_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")))
+#define SAPIENS_SEG_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace sapiens_seg::core::attention {
 
 namespace {
 
-// Register tiles: kRows query rows by 4 vectors of 16 keys (24 accumulators of the 32 ZMM
-// registers) for the scores, kRows rows by up to 4 vectors of the head dim for the weighted sum
-// of V (half as many rows for head dims over 64).
+// Register tiles, AVX-512: kRows query rows by 4 vectors of 16 keys (24 accumulators of the 32
+// ZMM registers) for the scores, kRows rows by up to 4 vectors of the head dim for the weighted
+// sum of V (half as many rows for head dims over 64). AVX2 has 16 YMM registers: kRows rows by 2
+// vectors of 8 (12 accumulators), over the same packed panels 16 keys or 16 head-dim columns at a
+// time, and kAvx2Rows rows per pass so that each K or V panel read from L2/L3 (0.8 MB each per
+// head at 1024x768) serves four such tiles, not one. On the Zen 1 CPU it was written on, whose
+// 128-bit FMA units are the limit either way, that moved it from 0.99-1.06x to 1.02-1.10x
+// LibTorch's speed (attention_bench, one run each).
 constexpr int64_t kRows = 6;
-constexpr int64_t kLanes = 16;        // floats per ZMM register
-constexpr int64_t kCols = 64;         // keys per score tile; N is padded to a multiple of it
-constexpr int64_t kMaxHeadDim = 128;  // 8 vectors of 16
-constexpr int64_t kTaskRows = 8 * kRows;
+constexpr int64_t kLanes = 16;            // floats per ZMM register
+constexpr int64_t kCols = 64;             // keys per score tile; N is padded to a multiple of it
+constexpr int64_t kMaxHeadDim = 128;      // 8 vectors of 16
+constexpr int64_t kAvx2Rows = 4 * kRows;  // query rows per pass of the AVX2 path (below)
+constexpr int64_t kTaskRows = 8 * kRows;  // a multiple of both paths' rows per pass
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -363,78 +370,282 @@ SAPIENS_SEG_AVX512BF16 void store_row(const float* o, float sum, int64_t hd, at:
   }
 }
 
-// One task: query rows [r0, r1) of head h of batch b.
-template <bool kBf16>
-void attend_rows(const at::Tensor& q, const Shape& s, const Packed& pk, int64_t b, int64_t h,
-                 int64_t r0, int64_t r1, float c, at::Tensor& out, std::vector<float>& scores,
-                 std::vector<std::uint32_t>& e16, std::vector<float>& e32,
-                 std::vector<std::uint32_t>& q16, std::vector<float>& q32,
-                 std::vector<float>& acc) {
-  const int64_t kvh = h / s.group(), bk = b * s.Hk + kvh, width = s.nv * 16;
-  const int64_t pairs = s.hd / 2, out_row = s.Hq * s.hd;
-  for (int64_t m0 = r0; m0 < r1; m0 += kRows) {
-    const int64_t rows = std::min(kRows, r1 - m0);
-    // The tile's query rows, zero-padded to kRows (padded rows' results are never stored).
-    if constexpr (kBf16) {
-      std::fill(q16.begin(), q16.end(), 0u);
-      for (int64_t i = 0; i < rows; ++i) {
-        std::memcpy(q16.data() + i * pairs, row_ptr<at::BFloat16>(q, b, h, m0 + i),
-                    static_cast<size_t>(s.hd) * 2);
+// ---- AVX2 + FMA, float32 only (CPUs without AVX-512: Zen 1-3, Haswell to Alder Lake) ---------
+//
+// The same packed panels, scores, softmax and weighted sum as the AVX-512 float32 path, in 8-wide
+// vectors. Its sums run in another order (8 lanes, not 16), so its results differ from the
+// AVX-512 path's in the last float32 bits; both are held to the exact result by the tests.
+
+SAPIENS_SEG_AVX2 inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+SAPIENS_SEG_AVX2 inline float hsum(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// All ones in the lanes j + i < n (i = 0..7), zero elsewhere.
+SAPIENS_SEG_AVX2 inline __m256i lanes_below(int64_t j, int64_t n) {
+  const int64_t left = std::clamp<int64_t>(n - j, 0, 8);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// 2^x for x <= 0 (NaN stays NaN), the AVX-512 path's polynomial; 2^round(x) is built from its
+// exponent bits, so round(x) = -127 gives +0 where the AVX-512 path's scalef gives a denormal:
+// both are under 2^-126 of the row's largest term (1), below what a float32 sum of it can hold.
+SAPIENS_SEG_AVX2 inline __m256 exp2_nonpositive_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-127.f), x);  // max(a, NaN) is NaN: the second operand wins
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.540353039338161e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.333355814642844e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  // NaN converts to 0x80000000, whose exponent field comes out as 127 (2^0): p stays NaN.
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+SAPIENS_SEG_AVX2 float row_max_avx2(const float* s, int64_t n) {
+  const __m256 lowest = _mm256_set1_ps(-INFINITY);
+  __m256 m = lowest;
+  for (int64_t j = 0; j < n; j += 8) {  // the score rows are npad long: whole loads stay inside
+    const __m256 x =
+        _mm256_blendv_ps(lowest, _mm256_loadu_ps(s + j), _mm256_castsi256_ps(lanes_below(j, n)));
+    m = _mm256_max_ps(m, x);
+  }
+  return hmax(m);
+}
+
+SAPIENS_SEG_AVX2 float softmax_row_avx2(const float* s, int64_t n, int64_t npad, float c,
+                                        float* e) {
+  const __m256 vm = _mm256_set1_ps(row_max_avx2(s, n)), vc = _mm256_set1_ps(c);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < npad; j += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm), vc);
+    const __m256 y =
+        _mm256_and_ps(exp2_nonpositive_avx2(x), _mm256_castsi256_ps(lanes_below(j, n)));
+    sum = _mm256_add_ps(sum, y);
+    _mm256_storeu_ps(e + j, y);
+  }
+  return hsum(sum);
+}
+
+// Scores of kAvx2Rows query rows against one packed 64-key tile: 16 keys by kRows rows per
+// register tile, the tile's 16-key strip (hd x 16 floats) reused from L1 by each group of rows.
+SAPIENS_SEG_AVX2 void scores_f32_avx2(const float* q, int64_t hd, const float* kt, float* s,
+                                      int64_t s_stride) {
+  for (int64_t j0 = 0; j0 < kCols; j0 += 16) {
+    for (int64_t g = 0; g < kAvx2Rows; g += kRows) {
+      const float* qg = q + g * hd;
+      __m256 acc[kRows][2];
+#pragma GCC unroll 6
+      for (int i = 0; i < kRows; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < hd; ++d) {
+        const float* kp = kt + d * kCols + j0;
+        const __m256 b0 = _mm256_loadu_ps(kp), b1 = _mm256_loadu_ps(kp + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < kRows; ++i) {
+          const __m256 a = _mm256_broadcast_ss(qg + i * hd + d);
+          acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+          acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+        }
       }
-      const std::uint32_t* kp = pk.k16.data() + bk * pk.k_size;
-      for (int64_t t = 0; t < s.npad / kCols; ++t) {
-        scores_bf16(q16.data(), pairs, kp + t * pairs * kCols, scores.data() + t * kCols, s.npad);
+      float* sg = s + g * s_stride + j0;
+#pragma GCC unroll 6
+      for (int i = 0; i < kRows; ++i) {
+        _mm256_storeu_ps(sg + i * s_stride, acc[i][0]);
+        _mm256_storeu_ps(sg + i * s_stride + 8, acc[i][1]);
       }
-    } else {
-      std::fill(q32.begin(), q32.end(), 0.f);
-      for (int64_t i = 0; i < rows; ++i) {
-        std::memcpy(q32.data() + i * s.hd, row_ptr<float>(q, b, h, m0 + i),
-                    static_cast<size_t>(s.hd) * sizeof(float));
-      }
-      const float* kp = pk.k32.data() + bk * pk.k_size;
-      for (int64_t t = 0; t < s.npad / kCols; ++t) {
-        scores_f32(q32.data(), s.hd, kp + t * s.hd * kCols, scores.data() + t * kCols, s.npad);
-      }
-    }
-    float sums[kRows];
-    for (int64_t i = 0; i < kRows; ++i) {
-      const float* si = scores.data() + i * s.npad;
-      if constexpr (kBf16) {
-        sums[i] = softmax_row(si, s.N, s.npad, c, e16.data() + i * s.npad / 2);
-      } else {
-        sums[i] = softmax_row(si, s.N, s.npad, c, e32.data() + i * s.npad);
-      }
-    }
-    if constexpr (kBf16) {
-      weighted_any<true>(s.nv, e16.data(), s.npad, pk.v16.data() + bk * pk.v_size, acc.data());
-    } else {
-      weighted_any<false>(s.nv, e32.data(), s.npad, pk.v32.data() + bk * pk.v_size, acc.data());
-    }
-    using Out = std::conditional_t<kBf16, at::BFloat16, float>;
-    for (int64_t i = 0; i < rows; ++i) {
-      Out* dst = out.data_ptr<Out>() + (b * s.N + m0 + i) * out_row + h * s.hd;
-      store_row(acc.data() + i * width, sums[i], s.hd, dst);
     }
   }
 }
 
-template <bool kBf16>
+// o[i][0 .. 16*nv) = sum over keys of e[i][key] * V[key], for kAvx2Rows rows. Keys go in blocks
+// of kCols (kCols x 16*nv floats of V, 16 KB at hd 64, stay in L1 while every group of kRows rows
+// and every 16-column strip takes them); the register tile is kRows rows by one strip, its sums
+// carried in o from block to block.
+SAPIENS_SEG_AVX2 void weighted_f32_avx2(int64_t nv, const float* e, int64_t npad, const float* vp,
+                                        float* o) {
+  const int64_t width = nv * 16;
+  std::fill(o, o + kAvx2Rows * width, 0.f);
+  for (int64_t k0 = 0; k0 < npad; k0 += kCols) {
+    for (int64_t g = 0; g < kAvx2Rows; g += kRows) {
+      const float* eg = e + g * npad + k0;
+      for (int64_t c = 0; c < width; c += 16) {
+        float* og = o + g * width + c;
+        __m256 acc[kRows][2];
+#pragma GCC unroll 6
+        for (int i = 0; i < kRows; ++i) {
+          acc[i][0] = _mm256_loadu_ps(og + i * width);
+          acc[i][1] = _mm256_loadu_ps(og + i * width + 8);
+        }
+        const float* vb = vp + k0 * width + c;
+        for (int64_t t = 0; t < kCols; ++t) {
+          const __m256 b0 = _mm256_loadu_ps(vb + t * width),
+                       b1 = _mm256_loadu_ps(vb + t * width + 8);
+#pragma GCC unroll 6
+          for (int i = 0; i < kRows; ++i) {
+            const __m256 a = _mm256_broadcast_ss(eg + i * npad + t);
+            acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+          }
+        }
+#pragma GCC unroll 6
+        for (int i = 0; i < kRows; ++i) {
+          _mm256_storeu_ps(og + i * width, acc[i][0]);
+          _mm256_storeu_ps(og + i * width + 8, acc[i][1]);
+        }
+      }
+    }
+  }
+}
+
+SAPIENS_SEG_AVX2 void store_row_avx2(const float* o, float sum, int64_t hd, float* out) {
+  const __m256 vs = _mm256_set1_ps(sum);
+  for (int64_t d = 0; d < hd; d += 8) {
+    const __m256 y = _mm256_div_ps(_mm256_loadu_ps(o + d), vs);
+    if (d + 8 <= hd) {
+      _mm256_storeu_ps(out + d, y);
+    } else {
+      _mm256_maskstore_ps(out + d, lanes_below(d, hd), y);
+    }
+  }
+}
+
+// ---- one driver for the three paths ------------------------------------------------------------
+//
+// Word: what the packed panels, the query tile and the probabilities hold (a pair of bf16 in a
+// 32-bit word, or a float); per_word: elements in a Word; Out: the output dtype.
+
+struct Avx512Bf16Ops {
+  static constexpr int64_t rows = kRows;
+  using Word = std::uint32_t;
+  using Out = at::BFloat16;
+  static constexpr int64_t per_word = 2;
+  static const std::vector<Word>& k(const Packed& p) { return p.k16; }
+  static const std::vector<Word>& v(const Packed& p) { return p.v16; }
+  static void scores(const Word* q, int64_t qw, const Word* kt, float* s, int64_t ss) {
+    scores_bf16(q, qw, kt, s, ss);
+  }
+  static float softmax(const float* s, int64_t n, int64_t npad, float c, Word* e) {
+    return softmax_row(s, n, npad, c, e);
+  }
+  static void weighted(int64_t nv, const Word* e, int64_t npad, const Word* vp, float* o) {
+    weighted_any<true>(nv, e, npad, vp, o);
+  }
+  static void store(const float* o, float sum, int64_t hd, Out* out) { store_row(o, sum, hd, out); }
+};
+
+struct Avx512F32Ops {
+  static constexpr int64_t rows = kRows;
+  using Word = float;
+  using Out = float;
+  static constexpr int64_t per_word = 1;
+  static const std::vector<Word>& k(const Packed& p) { return p.k32; }
+  static const std::vector<Word>& v(const Packed& p) { return p.v32; }
+  static void scores(const Word* q, int64_t qw, const Word* kt, float* s, int64_t ss) {
+    scores_f32(q, qw, kt, s, ss);
+  }
+  static float softmax(const float* s, int64_t n, int64_t npad, float c, Word* e) {
+    return softmax_row(s, n, npad, c, e);
+  }
+  static void weighted(int64_t nv, const Word* e, int64_t npad, const Word* vp, float* o) {
+    weighted_any<false>(nv, e, npad, vp, o);
+  }
+  static void store(const float* o, float sum, int64_t hd, Out* out) { store_row(o, sum, hd, out); }
+};
+
+struct Avx2F32Ops {
+  static constexpr int64_t rows = kAvx2Rows;
+  using Word = float;
+  using Out = float;
+  static constexpr int64_t per_word = 1;
+  static const std::vector<Word>& k(const Packed& p) { return p.k32; }
+  static const std::vector<Word>& v(const Packed& p) { return p.v32; }
+  static void scores(const Word* q, int64_t qw, const Word* kt, float* s, int64_t ss) {
+    scores_f32_avx2(q, qw, kt, s, ss);
+  }
+  static float softmax(const float* s, int64_t n, int64_t npad, float c, Word* e) {
+    return softmax_row_avx2(s, n, npad, c, e);
+  }
+  static void weighted(int64_t nv, const Word* e, int64_t npad, const Word* vp, float* o) {
+    weighted_f32_avx2(nv, e, npad, vp, o);
+  }
+  static void store(const float* o, float sum, int64_t hd, Out* out) {
+    store_row_avx2(o, sum, hd, out);
+  }
+};
+
+// Per-thread scratch: Ops::rows rows of scores, of probabilities, of the query tile and of the
+// weighted sums.
+template <class Ops>
+struct Scratch {
+  std::vector<float> scores;
+  std::vector<typename Ops::Word> e, q;
+  std::vector<float> acc;
+  explicit Scratch(const Shape& s)
+      : scores(static_cast<size_t>(Ops::rows * s.npad)),
+        e(static_cast<size_t>(Ops::rows * s.npad / Ops::per_word)),
+        q(static_cast<size_t>(Ops::rows * s.hd / Ops::per_word)),
+        acc(static_cast<size_t>(Ops::rows * s.nv * 16)) {}
+};
+
+// One task: query rows [r0, r1) of head h of batch b.
+template <class Ops>
+void attend_rows(const at::Tensor& q, const Shape& s, const Packed& pk, int64_t b, int64_t h,
+                 int64_t r0, int64_t r1, float c, at::Tensor& out, Scratch<Ops>& w) {
+  using Word = typename Ops::Word;
+  using Out = typename Ops::Out;
+  const int64_t kvh = h / s.group(), bk = b * s.Hk + kvh, width = s.nv * 16;
+  const int64_t qw = s.hd / Ops::per_word, ew = s.npad / Ops::per_word, out_row = s.Hq * s.hd;
+  const Word* kp = Ops::k(pk).data() + bk * pk.k_size;
+  const Word* vp = Ops::v(pk).data() + bk * pk.v_size;
+  for (int64_t m0 = r0; m0 < r1; m0 += Ops::rows) {
+    const int64_t rows = std::min(Ops::rows, r1 - m0);
+    // The tile's query rows, zero-padded to Ops::rows (padded rows' results are never stored).
+    std::fill(w.q.begin(), w.q.end(), Word{0});
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(w.q.data() + i * qw, row_ptr<Out>(q, b, h, m0 + i),
+                  static_cast<size_t>(s.hd) * sizeof(Out));
+    }
+    for (int64_t t = 0; t < s.npad / kCols; ++t) {
+      Ops::scores(w.q.data(), qw, kp + t * qw * kCols, w.scores.data() + t * kCols, s.npad);
+    }
+    float sums[Ops::rows];
+    for (int64_t i = 0; i < Ops::rows; ++i) {
+      sums[i] = Ops::softmax(w.scores.data() + i * s.npad, s.N, s.npad, c, w.e.data() + i * ew);
+    }
+    Ops::weighted(s.nv, w.e.data(), s.npad, vp, w.acc.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      Out* dst = out.data_ptr<Out>() + (b * s.N + m0 + i) * out_row + h * s.hd;
+      Ops::store(w.acc.data() + i * width, sums[i], s.hd, dst);
+    }
+  }
+}
+
+template <class Ops>
 void attend(const at::Tensor& q, const Shape& s, const Packed& pk, at::Tensor& out) {
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.hd)));
   const float c = scale * 1.4426950408889634f;  // exp(x) = 2^(x log2 e)
   const int64_t blocks = (s.N + kTaskRows - 1) / kTaskRows;
   at::parallel_for(0, s.B * s.Hq * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(kRows * s.npad));
-    std::vector<std::uint32_t> e16(kBf16 ? static_cast<size_t>(kRows * s.npad / 2) : 0);
-    std::vector<float> e32(kBf16 ? 0 : static_cast<size_t>(kRows * s.npad));
-    std::vector<std::uint32_t> q16(kBf16 ? static_cast<size_t>(kRows * s.hd / 2) : 0);
-    std::vector<float> q32(kBf16 ? 0 : static_cast<size_t>(kRows * s.hd));
-    std::vector<float> acc(static_cast<size_t>(kRows * s.nv * 16));
+    Scratch<Ops> w(s);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t blk = task % blocks, bh = task / blocks;
       const int64_t r0 = blk * kTaskRows, r1 = std::min(s.N, r0 + kTaskRows);
-      attend_rows<kBf16>(q, s, pk, bh / s.Hq, bh % s.Hq, r0, r1, c, out, scores, e16, e32, q16, q32,
-                         acc);
+      attend_rows<Ops>(q, s, pk, bh / s.Hq, bh % s.Hq, r0, r1, c, out, w);
     }
   });
 }
@@ -465,18 +676,36 @@ const char* to_string(CpuAttentionPath path) {
       return "avx512";
     case CpuAttentionPath::kAvx512Bf16:
       return "avx512-bf16";
+    case CpuAttentionPath::kAvx2:
+      return "avx2";
     default:
       return "libtorch";
   }
 }
 
-CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd) {
+bool cpu_attention_runs(CpuAttentionPath path, at::ScalarType dtype, int64_t hd) {
+  if (path == CpuAttentionPath::kLibTorch) return true;
   const CpuFeatures& f = host_cpu_features();
-  if (forced_libtorch() || hd < 1 || hd > kMaxHeadDim || !f.avx512_core()) {
-    return CpuAttentionPath::kLibTorch;
+  if (hd < 1 || hd > kMaxHeadDim) return false;
+  switch (path) {
+    case CpuAttentionPath::kAvx512:
+      return dtype == at::kFloat && f.avx512_core();
+    case CpuAttentionPath::kAvx512Bf16:
+      return dtype == at::kBFloat16 && hd % 2 == 0 && f.avx512_core() && f.avx512_bf16;
+    case CpuAttentionPath::kAvx2:
+      return dtype == at::kFloat && f.ymm_os() && f.avx2 && f.fma;
+    default:
+      return false;
   }
-  if (dtype == at::kFloat) return CpuAttentionPath::kAvx512;
-  if (dtype == at::kBFloat16 && f.avx512_bf16 && hd % 2 == 0) return CpuAttentionPath::kAvx512Bf16;
+}
+
+CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd) {
+  if (forced_libtorch()) return CpuAttentionPath::kLibTorch;
+  // Widest first: the AVX-512 tiles do twice the work per instruction of the AVX2 ones.
+  for (CpuAttentionPath p :
+       {CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
+    if (cpu_attention_runs(p, dtype, hd)) return p;
+  }
   return CpuAttentionPath::kLibTorch;
 }
 
@@ -490,14 +719,16 @@ std::vector<std::string> cpu_attention_lines() {
     }
     return lines;
   }
-  const std::string no512 = lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)";
   // Sapiens2 in float32 keeps LibTorch's attention on every CPU (v2/sapiens2.cpp says why).
-  const std::string kernel32 = "the library's AVX-512 kernel (Sapiens v1; Sapiens2: " + lib + ")";
-  lines.push_back("float32: " + (f.avx512_core() ? kernel32 : no512));
-  lines.push_back("bfloat16: " + (!f.avx512_core() ? no512
-                                  : f.avx512_bf16
-                                      ? std::string("the library's AVX512-BF16 kernel")
-                                      : lib + " (the library's kernel needs AVX512-BF16)"));
+  const std::string v2_keeps = " (Sapiens v1; Sapiens2: " + lib + ")";
+  const bool avx2 = cpu_attention_runs(CpuAttentionPath::kAvx2, at::kFloat, 64);
+  lines.push_back("float32: " + (f.avx512_core() ? "the library's AVX-512 kernel" + v2_keeps
+                                 : avx2          ? "the library's AVX2 kernel" + v2_keeps
+                                        : lib + " (the library's kernel needs AVX2 and FMA)"));
+  lines.push_back("bfloat16: " +
+                  (!f.avx512_core() ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
+                   : f.avx512_bf16  ? std::string("the library's AVX512-BF16 kernel")
+                                    : lib + " (the library's kernel needs AVX512-BF16)"));
   lines.push_back("float16: " + lib);
   return lines;
 }
@@ -526,7 +757,7 @@ at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   s.nv = (s.hd + 15) / 16;
   if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) fail("not on the CPU");
   if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1) fail("last dim not contiguous");
-  if (cpu_attention_path(q.scalar_type(), s.hd) != path) {
+  if (!cpu_attention_runs(path, q.scalar_type(), s.hd)) {
     fail(std::string("the ") + to_string(path) + " path cannot run " +
          std::string(c10::toString(q.scalar_type())) + " with head dim " + std::to_string(s.hd) +
          " on this CPU");
@@ -535,12 +766,19 @@ at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (s.N == 0 || s.B == 0) return out;
 #ifdef SAPIENS_SEG_X86
   Packed pk;
-  if (path == CpuAttentionPath::kAvx512Bf16) {
-    pack_bf16(k, v, s, pk);
-    attend<true>(q, s, pk, out);
-  } else {
-    pack_f32(k, v, s, pk);
-    attend<false>(q, s, pk, out);
+  switch (path) {
+    case CpuAttentionPath::kAvx512Bf16:
+      pack_bf16(k, v, s, pk);
+      attend<Avx512Bf16Ops>(q, s, pk, out);
+      break;
+    case CpuAttentionPath::kAvx512:
+      pack_f32(k, v, s, pk);
+      attend<Avx512F32Ops>(q, s, pk, out);
+      break;
+    default:
+      pack_f32(k, v, s, pk);
+      attend<Avx2F32Ops>(q, s, pk, out);
+      break;
   }
 #endif
   return out;

@@ -4,8 +4,8 @@
 // calls and gets no faster in bfloat16 than in float32 (benchmarks/cpu_dtype_probe.py). This one
 // is written for the networks' shapes (thousands of tokens, head dims up to 128; the models use
 // 60 to 80): packed K and V per head, register-tiled AVX-512 dot products (VDPBF16PS for
-// bfloat16: bf16 products summed in float32), and an exact softmax over each query row's scores,
-// which stay in float32.
+// bfloat16: bf16 products summed in float32; an AVX2 + FMA twin for float32 on CPUs without
+// AVX-512), and an exact softmax over each query row's scores, which stay in float32.
 //
 // Arithmetic, as LibTorch's kernel does it in each dtype: scores and their softmax in float32;
 // in bfloat16 the probabilities are rounded to bfloat16 before they weight V, and the float32 sum
@@ -23,6 +23,7 @@ enum class CpuAttentionPath {
   kLibTorch,    // at::scaled_dot_product_attention
   kAvx512,      // float32 inputs, AVX-512 F/BW/DQ/VL + FMA
   kAvx512Bf16,  // bfloat16 inputs, + AVX512-BF16
+  kAvx2,        // float32 inputs, AVX2 + FMA (the CPUs without AVX-512)
 };
 const char* to_string(CpuAttentionPath path);
 
@@ -31,6 +32,11 @@ const char* to_string(CpuAttentionPath path);
 // forces kLibTorch, for A/B benchmarks.
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd);
 
+// Whether `path` can run `dtype` with head dim `hd` on this CPU (kLibTorch always can). A CPU
+// may run several paths (an AVX-512 CPU runs the AVX2 one too): the tests hold each to the exact
+// result; cpu_attention_path picks the widest.
+bool cpu_attention_runs(CpuAttentionPath path, at::ScalarType dtype, int64_t hd);
+
 // One line per dtype for `info`: which attention the portable network runs on this CPU, and why.
 std::vector<std::string> cpu_attention_lines();
 
@@ -38,7 +44,7 @@ std::vector<std::string> cpu_attention_lines();
 // j*Hq/Hk .. (j+1)*Hq/Hk - 1, as repeat_interleave expands them), any strides with a contiguous
 // last dim. Returns [B, N, Hq * hd] with the heads merged (the layout the output projection
 // reads), in q's dtype. `path` kLibTorch is the reference; the other paths need what
-// cpu_attention_path checks and throw Error(kInvalidArgument) otherwise.
+// cpu_attention_runs checks and throw Error(kInvalidInput) otherwise.
 at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          CpuAttentionPath path);
 
