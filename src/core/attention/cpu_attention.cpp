@@ -526,67 +526,48 @@ SAPIENS_SEG_AVX2 void store_row_avx2(const float* o, float sum, int64_t hd, floa
 
 // ---- one driver for the three paths ------------------------------------------------------------
 //
-// Word: what the packed panels, the query tile and the probabilities hold (a pair of bf16 in a
-// 32-bit word, or a float); per_word: elements in a Word; Out: the output dtype.
-
-struct Avx512Bf16Ops {
-  static constexpr int64_t rows = kRows;
-  using Word = std::uint32_t;
-  using Out = at::BFloat16;
-  static constexpr int64_t per_word = 2;
-  static const std::vector<Word>& k(const Packed& p) { return p.k16; }
-  static const std::vector<Word>& v(const Packed& p) { return p.v16; }
-  static void scores(const Word* q, int64_t qw, const Word* kt, float* s, int64_t ss) {
-    scores_bf16(q, qw, kt, s, ss);
+// A path's Ops: its query rows per pass, its output dtype and its four steps. Word is what the
+// packed panels, the query tile and the probabilities hold (a pair of bf16 in a 32-bit word, or a
+// float); per_word, the elements in a Word.
+template <int64_t Rows, class OutT, auto Scores, auto Softmax, auto Weighted, auto Store>
+struct KernelOps {
+  static constexpr int64_t rows = Rows;
+  static constexpr bool bf16 = std::is_same_v<OutT, at::BFloat16>;
+  static constexpr int64_t per_word = bf16 ? 2 : 1;
+  using Out = OutT;
+  using Word = std::conditional_t<bf16, std::uint32_t, float>;
+  static const std::vector<Word>& k(const Packed& p) {
+    if constexpr (bf16) {
+      return p.k16;
+    } else {
+      return p.k32;
+    }
   }
-  static float softmax(const float* s, int64_t n, int64_t npad, float c, Word* e) {
-    return softmax_row(s, n, npad, c, e);
+  static const std::vector<Word>& v(const Packed& p) {
+    if constexpr (bf16) {
+      return p.v16;
+    } else {
+      return p.v32;
+    }
   }
-  static void weighted(int64_t nv, const Word* e, int64_t npad, const Word* vp, float* o) {
-    weighted_any<true>(nv, e, npad, vp, o);
-  }
-  static void store(const float* o, float sum, int64_t hd, Out* out) { store_row(o, sum, hd, out); }
+  static constexpr auto scores = Scores;      // (q, qw, k tile, scores, stride)
+  static constexpr auto softmax = Softmax;    // (scores row, N, npad, c, e row) -> sum
+  static constexpr auto weighted = Weighted;  // (nv, e, npad, packed V, sums)
+  static constexpr auto store = Store;        // (sums row, sum, hd, out row)
 };
 
-struct Avx512F32Ops {
-  static constexpr int64_t rows = kRows;
-  using Word = float;
-  using Out = float;
-  static constexpr int64_t per_word = 1;
-  static const std::vector<Word>& k(const Packed& p) { return p.k32; }
-  static const std::vector<Word>& v(const Packed& p) { return p.v32; }
-  static void scores(const Word* q, int64_t qw, const Word* kt, float* s, int64_t ss) {
-    scores_f32(q, qw, kt, s, ss);
-  }
-  static float softmax(const float* s, int64_t n, int64_t npad, float c, Word* e) {
-    return softmax_row(s, n, npad, c, e);
-  }
-  static void weighted(int64_t nv, const Word* e, int64_t npad, const Word* vp, float* o) {
-    weighted_any<false>(nv, e, npad, vp, o);
-  }
-  static void store(const float* o, float sum, int64_t hd, Out* out) { store_row(o, sum, hd, out); }
-};
+using SoftmaxBf16 = float (*)(const float*, int64_t, int64_t, float, std::uint32_t*);
+using SoftmaxF32 = float (*)(const float*, int64_t, int64_t, float, float*);
+using StoreBf16 = void (*)(const float*, float, int64_t, at::BFloat16*);
+using StoreF32 = void (*)(const float*, float, int64_t, float*);
 
-struct Avx2F32Ops {
-  static constexpr int64_t rows = kAvx2Rows;
-  using Word = float;
-  using Out = float;
-  static constexpr int64_t per_word = 1;
-  static const std::vector<Word>& k(const Packed& p) { return p.k32; }
-  static const std::vector<Word>& v(const Packed& p) { return p.v32; }
-  static void scores(const Word* q, int64_t qw, const Word* kt, float* s, int64_t ss) {
-    scores_f32_avx2(q, qw, kt, s, ss);
-  }
-  static float softmax(const float* s, int64_t n, int64_t npad, float c, Word* e) {
-    return softmax_row_avx2(s, n, npad, c, e);
-  }
-  static void weighted(int64_t nv, const Word* e, int64_t npad, const Word* vp, float* o) {
-    weighted_f32_avx2(nv, e, npad, vp, o);
-  }
-  static void store(const float* o, float sum, int64_t hd, Out* out) {
-    store_row_avx2(o, sum, hd, out);
-  }
-};
+using Avx512Bf16Ops =
+    KernelOps<kRows, at::BFloat16, &scores_bf16, static_cast<SoftmaxBf16>(&softmax_row),
+              &weighted_any<true>, static_cast<StoreBf16>(&store_row)>;
+using Avx512F32Ops = KernelOps<kRows, float, &scores_f32, static_cast<SoftmaxF32>(&softmax_row),
+                               &weighted_any<false>, static_cast<StoreF32>(&store_row)>;
+using Avx2F32Ops = KernelOps<kAvx2Rows, float, &scores_f32_avx2, &softmax_row_avx2,
+                             &weighted_f32_avx2, &store_row_avx2>;
 
 // Per-thread scratch: Ops::rows rows of scores, of probabilities, of the query tile and of the
 // weighted sums.
