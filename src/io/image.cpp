@@ -70,8 +70,9 @@ void check_size(std::int64_t height, std::int64_t width, const std::string& what
                                               " (WxH); both sides must be at least " +
                                               std::to_string(min_side) + " pixels");
   }
-  // Both sides are below 2^31 here (at most 2^31 - 1 from every header), so the product fits.
-  if (height * width > max_pixels) {
+  // Divided, not multiplied: TIFF sides are 32-bit unsigned, and two of them (a fuzzed header
+  // had 4204798202 x 3531800632) overflow a 64-bit product.
+  if (width > max_pixels / height) {
     throw Error(ErrorCode::kInvalidInput,
                 what + " is " + size_text(width, height) + ", above the limit of " +
                     (max_pixels == kMaxPixels ? std::string("268 megapixels")
