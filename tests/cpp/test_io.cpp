@@ -317,8 +317,8 @@ TEST(UnitImage, BadImagesGetClearErrors) {
   expect_error([&] { io::decode_file(d.string()); }, ErrorCode::kInvalidInput, {"directory"});
   expect_error([] { io::check_size(20000, 20000, "huge"); }, ErrorCode::kInvalidInput, {"268"});
   // TIFF's 32-bit unsigned sides: their product would overflow int64 (a fuzzer finding).
-  expect_error([] { io::check_size(4204798202LL, 3531800632LL, "tiff"); },
-               ErrorCode::kInvalidInput, {"268", "4204798202"});
+  expect_error([] { io::check_size(4204798202LL, 3531800632LL, "tiff"); }, ErrorCode::kInvalidInput,
+               {"268", "4204798202"});
   EXPECT_NO_THROW(io::check_size(16384, 16384, "at the limit"));  // 268,435,456 pixels exactly
   // 32 is the smallest accepted side.
   EXPECT_EQ(io::decode_bytes(encode(pattern(32, 32), ".png"), "ok").rows, 32);
