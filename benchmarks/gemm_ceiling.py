@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="build-bench/fixtures/full_0.3b_torchscript.pt2")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="GEMM dtypes to time (float32 alone on CPUs without bf16 dot products, "
+                         "where LibTorch's bf16 GEMM is a scalar fallback taking minutes)")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -72,11 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(flops.values())
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "unknown")
-    out = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu,
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
+                  if line.startswith("flags")), [])
+    isa = [f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c")]
+    out = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cpu_isa_flags": isa,
+           "cores": os.cpu_count(), "load_average": os.getloadavg(),
            "model": args.model.rsplit("/", 1)[-1], "threads": torch.get_num_threads(),
            "torch": torch.__version__, "gflop": flops, "gflop_total": total, "gemm_gflops": {},
            "bound_ms": {}}
-    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    for name in args.dtypes.split(","):
+        dtype = dtypes[name]
         rate = gemm_gflops(dtype)
         out["gemm_gflops"][name] = rate
         out["bound_ms"][name] = total / rate * 1e3

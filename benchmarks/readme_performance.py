@@ -130,9 +130,16 @@ def section_for(report: dict, path: str) -> list[str]:
              "speed)" if meta["quick"] else f"`{meta['model_file']}`: {sizes}"
              + (f"; against {against}" if against else ""))
     p = meta["protocol"]
+    # The widest vector ISA in the title too: the same model's runs on an AVX512-BF16 machine and
+    # on an AVX2-only one stand side by side, and their ratios differ.
+    flags = set(meta.get("isa_flags") or [])
+    isa = ("AVX512-BF16" if meta["avx512_bf16"] else "AVX-512" if "avx512f" in flags
+           else "AVX2 only" if "avx2" in flags else "")
+    if isa and not meta["quick"]:
+        title += f" ({isa})"
     lines += [f"### {title}", "",
               f"{meta['date']}, {meta['cpu']} ({meta['cores']} cores"
-              f"{', AVX512-BF16' if meta['avx512_bf16'] else ''}), device {meta['device']}, "
+              f"{', ' + isa if isa else ''}), device {meta['device']}, "
               f"torch {meta['torch']}; load x{p['load_repeats']}, first call, {p['warmup']} "
               f"warm-up, median of {p['rounds']} rounds x {p['calls']} calls, modes alternating; "
               f"[`{path}`]({path})."]
