@@ -33,8 +33,8 @@ namespace {
 // vectors of 8 (12 accumulators), over the same packed panels 16 keys or 16 head-dim columns at a
 // time, and kAvx2Rows rows per pass so that each K or V panel read from L2/L3 (0.8 MB each per
 // head at 1024x768) serves four such tiles, not one. On the Zen 1 CPU it was written on, whose
-// 128-bit FMA units are the limit either way, that moved it from 0.99-1.06x to 1.02-1.10x
-// LibTorch's speed (attention_bench, one run each).
+// 128-bit FMA units are the limit either way, that moved it from 0.99-1.06x (one run, 6 rows
+// per pass) to 1.05-1.12x LibTorch's speed (benchmarks/results/cpu-attention-avx2.json).
 constexpr int64_t kRows = 6;
 constexpr int64_t kLanes = 16;            // floats per ZMM register
 constexpr int64_t kCols = 64;             // keys per score tile; N is padded to a multiple of it
