@@ -30,6 +30,8 @@ struct CpuFeatures {
   bool ymm_os() const { return osxsave && avx && (xcr0 & 0x6) == 0x6; }
   // ... and the AVX-512 state (opmask, upper ZMM halves, ZMM16-31).
   bool zmm_os() const { return ymm_os() && (xcr0 & 0xE0) == 0xE0; }
+  // AVX2 with FMA (Haswell, Zen 1 and later), usable: the resizes' and the attention's 8-wide code.
+  bool avx2_fma() const { return ymm_os() && avx2 && fma; }
   // AVX-512 F/BW/DQ/VL with FMA (Skylake-X, Zen 4 and later), usable.
   bool avx512_core() const {
     return zmm_os() && fma && avx512f && avx512bw && avx512dq && avx512vl;

@@ -78,7 +78,7 @@ std::string name(const Case& c) {
 
 TEST(UnitCpuAttention, PathFollowsTheCpu) {
   const core::CpuFeatures& f = core::host_cpu_features();
-  const bool avx2 = f.ymm_os() && f.avx2 && f.fma;
+  const bool avx2 = f.avx2_fma();
   EXPECT_EQ(cpu_attention_path(at::kFloat, 64), f.avx512_core() ? CpuAttentionPath::kAvx512
                                                 : avx2          ? CpuAttentionPath::kAvx2
                                                                 : CpuAttentionPath::kLibTorch);

@@ -674,7 +674,7 @@ bool cpu_attention_runs(CpuAttentionPath path, at::ScalarType dtype, int64_t hd)
     case CpuAttentionPath::kAvx512Bf16:
       return dtype == at::kBFloat16 && hd % 2 == 0 && f.avx512_core() && f.avx512_bf16;
     case CpuAttentionPath::kAvx2:
-      return dtype == at::kFloat && f.ymm_os() && f.avx2 && f.fma;
+      return dtype == at::kFloat && f.avx2_fma();
     default:
       return false;
   }

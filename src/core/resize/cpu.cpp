@@ -4,7 +4,7 @@ namespace sapiens_seg::core::resize_detail {
 
 Simd simd_for(const CpuFeatures& cpu) {
 #ifdef SAPIENS_SEG_X86
-  if (cpu.ymm_os() && cpu.avx2 && cpu.fma) return Simd::kAvx2;
+  if (cpu.avx2_fma()) return Simd::kAvx2;
 #else
   (void)cpu;
 #endif
