@@ -3,10 +3,10 @@
 # the authors' pipeline beside this library), on a quiet machine. Writes benchmarks/results/ and
 # regenerates the README's performance section. Steps can be run alone:
 #
-#   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|s2-1b|memory-5b|readme]...
+#   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|s2-0.4b-f32|s2-1b|memory-5b|readme]...
 #
-# v1-f32 is the protocol for CPUs without bf16 dot products (AVX2-only), v1's float32 columns in
-# one run; `all` runs v1 instead.
+# v1-f32 and s2-0.4b-f32 are the protocol for CPUs without bf16 dot products (AVX2-only): float32
+# columns only; `all` runs v1 and s2-0.4b instead.
 #
 # Times on 2 cores (AVX512-BF16), measured 2026-12-01: fixtures and ONNX exports 30 min (1.4 +
 # 1.6 + 5.9 GB), probe 1 min, v1 30 min and s2-0.4b 25 min with SIZES=1024x768 (about twice
@@ -75,19 +75,42 @@ step_v1() {
     --json "$RES/cpu-peers-full_0.3b-b.json" --markdown "$RES/cpu-peers-full_0.3b-b.md"
 }
 
+cpu_isa() {
+  if grep -qw avx512f /proc/cpuinfo; then echo avx512-nobf16; elif grep -qw avx2 /proc/cpuinfo; then
+    echo avx2
+  else
+    echo x86-64
+  fi
+}
+
 step_v1_f32() {
   # CPUs without bf16 dot products (AVX2-only: bfloat16 is refused, and OpenVINO's default
   # precision is f32, the same graph as its f32 column): float32 only, in one run, since the four
   # float32 columns fit in 24 GiB (peaks of 2026-12-02: 6.1 + 2.9 + 8.2 + 4.9 GB, never all at
   # once). Result named after the ISA, beside the AVX-512 machines' runs.
-  local isa=x86-64
-  if grep -qw avx512f /proc/cpuinfo; then isa=avx512-nobf16; elif grep -qw avx2 /proc/cpuinfo; then
-    isa=avx2
-  fi
+  local isa
+  isa=$(cpu_isa)
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" --onnx "$ONNX/full_0.3b_torchscript.onnx" \
     --modes original-python,portable,onnxruntime,openvino-f32 --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
     --json "$RES/cpu-peers-full_0.3b-$isa.json" --markdown "$RES/cpu-peers-full_0.3b-$isa.md"
+}
+
+step_s2_04_f32() {
+  # Sapiens2 0.4b on CPUs without bf16 dot products: float32 only, in two runs for memory (the
+  # five columns' peaks of 2026-12-02 add up to about 20 GB), each with the library's column.
+  local isa
+  isa=$(cpu_isa)
+  "$SC" --model "$FIX/s2_full_0.4b.safetensors" \
+    --modes original-python,portable,transformers --dtype float32 \
+    --sizes 1024x768 "${COMMON[@]}" \
+    --json "$RES/cpu-peers-s2_full_0.4b-$isa-a.json" \
+    --markdown "$RES/cpu-peers-s2_full_0.4b-$isa-a.md"
+  "$SC" --model "$FIX/s2_full_0.4b.safetensors" --onnx "$ONNX/s2_full_0.4b.onnx" \
+    --modes portable,onnxruntime,openvino-f32 --dtype float32 \
+    --sizes 1024x768 "${COMMON[@]}" \
+    --json "$RES/cpu-peers-s2_full_0.4b-$isa-b.json" \
+    --markdown "$RES/cpu-peers-s2_full_0.4b-$isa-b.md"
 }
 
 step_s2_04() {
@@ -127,8 +150,9 @@ step_memory_5b() {
 step_readme() {
   results=()
   for f in cpu-peers-full_0.3b-a cpu-peers-full_0.3b-b cpu-peers-full_0.3b-avx2 \
-           cpu-peers-s2_full_0.4b-a \
-           cpu-peers-s2_full_0.4b-b cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
+           cpu-peers-s2_full_0.4b-a cpu-peers-s2_full_0.4b-b \
+           cpu-peers-s2_full_0.4b-avx2-a cpu-peers-s2_full_0.4b-avx2-b \
+           cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
            cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
     [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
   done
@@ -147,6 +171,7 @@ for s in "${steps[@]}"; do
     v1) step_v1 ;;
     v1-f32) step_v1_f32 ;;
     s2-0.4b) step_s2_04 ;;
+    s2-0.4b-f32) step_s2_04_f32 ;;
     s2-1b) step_s2_1b ;;
     memory-5b) step_memory_5b ;;
     readme) step_readme ;;
