@@ -21,6 +21,7 @@
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/cpu_caps.hpp"
+#include "core/cpuid.hpp"
 #include "core/mapped_file.hpp"
 #include "core/resize/resize.hpp"
 #include "core/resize/wheel_cubic.hpp"
@@ -501,6 +502,24 @@ TEST(UnitNetwork, OtherInputSizesResizeThePositionEmbedding) {
   h.input_h = 300;  // not a multiple of the patch
   expect_error([&] { core::v1::infer_config(a.tensors, h); }, ErrorCode::kInvalidInput,
                {"multiple of the patch"});
+}
+
+TEST(UnitNetwork, CpuHeadPathRule) {
+  using core::head::CpuHeadPath;
+  if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: the GEMM head only";
+  // The measured rule: oneDNN's convolutions for float32 on CPUs without AVX-512.
+  const bool avx512 = core::host_cpu_features().avx512_core();
+  EXPECT_EQ(core::head::cpu_head_path(at::kFloat),
+            avx512 ? CpuHeadPath::kGemm : CpuHeadPath::kOnednn);
+  EXPECT_EQ(core::head::cpu_head_path(at::kBFloat16), CpuHeadPath::kGemm);
+  test::with_env("SAPIENS_SEG_CPU_HEAD", "gemm",
+                 [] { EXPECT_EQ(core::head::cpu_head_path(at::kFloat), CpuHeadPath::kGemm); });
+  test::with_env("SAPIENS_SEG_CPU_HEAD", "onednn",
+                 [] { EXPECT_EQ(core::head::cpu_head_path(at::kBFloat16), CpuHeadPath::kOnednn); });
+  test::with_env("SAPIENS_SEG_CPU_HEAD", "mkl", [] {
+    expect_error([] { core::head::cpu_head_path(at::kFloat); }, ErrorCode::kInvalidInput,
+                 {"SAPIENS_SEG_CPU_HEAD", "'mkl'"});
+  });
 }
 
 TEST(UnitNetwork, BFloat16StaysCloseToFloat32) {

@@ -222,6 +222,33 @@ TEST(ParitySapiens2, FullSizeLogitsMatchForEveryFileVariant) {
   }
 }
 
+// The CPU's fused head on both of its paths against the module's own head ops (what a traced
+// call runs) on the same network, so the backbone's sensitivity (bf16 RoPE) is out of the
+// comparison, and against the reference's logits.
+TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
+  const auto t = open_tensors("s2_tiny.safetensors");
+  const auto cfg = config_of(t);
+  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
+    if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
+    const core::v2::Network net = test::with_env(
+        "SAPIENS_SEG_CPU_HEAD", core::head::to_string(path),
+        [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), at::kFloat); });
+    ASSERT_EQ(net.cpu_head().path(), path);
+    for (const auto& dir : full_size_dirs("s2_tiny")) {
+      const at::Tensor x = library_input(dir).unsqueeze(0);
+      core::v2::Trace trace;  // any trace runs the module's head ops
+      const at::Tensor generic = net.forward(x, &trace);
+      const at::Tensor fused = net.forward(x);
+      const double d_head = max_diff(fused, generic), d_ref = max_diff(fused, ref(dir, "logits"));
+      std::printf(
+          "s2_tiny %s head %s: max |logit diff| vs the module's head %.3g, vs reference %.3g\n",
+          dir.filename().c_str(), core::head::to_string(path), d_head, d_ref);
+      EXPECT_LE(d_head, 1e-4) << dir;
+      EXPECT_LE(d_ref, kCpuFp32Bar) << dir;
+    }
+  }
+}
+
 // bfloat16 runs the library's attention kernel (float32 keeps LibTorch's, see sapiens2.cpp): held
 // to bfloat16 with LibTorch's attention, both measured from the reference's float32 logits.
 TEST(ParitySapiens2, Bfloat16AttentionKernelAsCloseAsLibTorchs) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,15 +45,25 @@ void expect_error(Fn fn, ErrorCode code, std::initializer_list<std::string> part
   }
 }
 
+// fn() with environment variable `name` set to `value`, its previous state restored afterwards
+// (also when fn throws).
+template <typename Fn>
+auto with_env(const char* name, const std::string& value, Fn fn) {
+  const char* old = std::getenv(name);
+  struct Restore {
+    const char* name;
+    std::optional<std::string> old;
+    ~Restore() { old ? ::setenv(name, old->c_str(), 1) : ::unsetenv(name); }
+  } restore{name, old ? std::optional<std::string>(old) : std::nullopt};
+  ::setenv(name, value.c_str(), 1);
+  return fn();
+}
+
 // fn() with the portable network's CPU attention forced to LibTorch's scaled_dot_product_attention
 // (SAPIENS_SEG_CPU_ATTENTION=libtorch), the reference the library's attention kernel is held to.
 template <typename Fn>
 auto with_libtorch_attention(Fn fn) {
-  ::setenv("SAPIENS_SEG_CPU_ATTENTION", "libtorch", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("SAPIENS_SEG_CPU_ATTENTION"); }
-  } unset;
-  return fn();
+  return with_env("SAPIENS_SEG_CPU_ATTENTION", "libtorch", fn);
 }
 
 }  // namespace sapiens_seg::test

@@ -179,23 +179,19 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   }
   ln_w_ = get("backbone.ln1.weight");
   ln_b_ = get("backbone.ln1.bias");
-  const int idx[3] = {0, 3, 6};
-  for (int s = 0; s < 3; ++s) {
-    deconv_w_[s] = get("decode_head.deconv_layers." + std::to_string(idx[s]) + ".weight");
-    conv_w_[s] = get("decode_head.conv_layers." + std::to_string(idx[s]) + ".weight");
-    conv_b_[s] = get("decode_head.conv_layers." + std::to_string(idx[s]) + ".bias");
-    if (device_.is_cpu()) {
-      // GEMM operands as [in, out] matrices, contiguous: MKL runs these narrow GEMMs at half
-      // speed with the transposed ([out, in]) layout. The deconvolution's [in, out, ky, kx]
-      // becomes [ky, kx, in, out], one matrix per kernel tap (see head_cpu).
-      deconv_taps_[s] = deconv_w_[s].permute({2, 3, 0, 1}).contiguous();
-      deconv_w_[s] = at::Tensor();
-      conv_w_[s] = conv_w_[s].view({conv_w_[s].size(0), -1}).t().contiguous();
-    }
+  head::HeadWeights hw;
+  for (const int s : {0, 3, 6}) {
+    hw.deconv_w.push_back(get("decode_head.deconv_layers." + std::to_string(s) + ".weight"));
+    hw.conv_w.push_back(get("decode_head.conv_layers." + std::to_string(s) + ".weight"));
+    hw.conv_b.push_back(get("decode_head.conv_layers." + std::to_string(s) + ".bias"));
   }
-  seg_w_ = get("decode_head.conv_seg.weight");
-  seg_b_ = get("decode_head.conv_seg.bias");
-  if (device_.is_cpu()) seg_w_ = seg_w_.view({seg_w_.size(0), -1}).t().contiguous();
+  hw.seg_w = get("decode_head.conv_seg.weight");
+  hw.seg_b = get("decode_head.conv_seg.bias");
+  if (device_.is_cpu()) {
+    cpu_head_ = head::CpuHead(hw, head::cpu_head_path(dtype));
+  } else {
+    generic_head_ = std::move(hw);
+  }
 }
 
 namespace {
@@ -261,242 +257,9 @@ at::Tensor linear_add_cpu(const at::Tensor& x, const at::Tensor& residual, const
   return at::linear(x, w, b).add_(residual);
 }
 
-// Sums of (x - shift) and (x - shift)^2 per channel over `count` pixels of `C` values each,
-// pixel p at base + (p / group) * group_stride + (p % group) * C (groups skip the padding columns
-// of the deconvolution's output). One multi-threaded read pass: LibTorch's column reductions
-// (var_mean over dim 0) and an elementwise route both cost several passes over maps that do not
-// fit any cache.
-template <typename T>
-void shifted_sums(const T* base, int64_t count, int64_t group, int64_t group_stride, int64_t C,
-                  const float* shift, double* s1, double* s2) {
-  const int threads = at::get_num_threads();
-  std::vector<double> part(static_cast<size_t>(threads) * 2 * C, 0.0);
-  constexpr int64_t kBlock = 64;  // pixels summed in float before moving to double
-  at::parallel_for(0, (count + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-    double* d1 = part.data() + static_cast<size_t>(at::get_thread_num()) * 2 * C;
-    double* d2 = d1 + C;
-    std::vector<float> a1(static_cast<size_t>(C)), a2(static_cast<size_t>(C));
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      std::fill(a1.begin(), a1.end(), 0.0f);
-      std::fill(a2.begin(), a2.end(), 0.0f);
-      for (int64_t p = blk * kBlock; p < std::min(count, (blk + 1) * kBlock); ++p) {
-        const T* x = base + (p / group) * group_stride + (p % group) * C;
-        for (int64_t c = 0; c < C; ++c) {
-          const float d = static_cast<float>(x[c]) - shift[c];
-          a1[static_cast<size_t>(c)] += d;
-          a2[static_cast<size_t>(c)] += d * d;
-        }
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        d1[c] += a1[static_cast<size_t>(c)];
-        d2[c] += a2[static_cast<size_t>(c)];
-      }
-    }
-  });
-  for (int64_t c = 0; c < C; ++c) {
-    s1[c] = 0;
-    s2[c] = 0;
-    for (int t = 0; t < threads; ++t) {
-      s1[c] += part[static_cast<size_t>(t) * 2 * C + static_cast<size_t>(c)];
-      s2[c] += part[static_cast<size_t>(t) * 2 * C + static_cast<size_t>(C + c)];
-    }
-  }
-}
-
-// Per-channel mean and variance of an activation map, gathered tile by tile as it is produced.
-// Each tile is shifted by the mean seen so far, so the sum of squares does not cancel when
-// |mean| >> std, and tiles merge in float64 (Chan et al.'s pairwise update).
-struct ChannelStats {
-  int64_t n = 0;
-  std::vector<double> mean, m2;
-  std::vector<float> shift;
-
-  // `count` pixels of x (CPU, float32 or bfloat16, channels innermost and contiguous), in groups
-  // of `group` pixels `group_stride` elements apart.
-  void add(const at::Tensor& x, int64_t count, int64_t group, int64_t group_stride) {
-    const int64_t C = x.size(-1);
-    if (count == 0) return;
-    if (shift.empty()) {
-      // A rough centre from the first pixels; any value works, a close one keeps precision.
-      const at::Tensor first = x.view({-1, C}).narrow(0, 0, std::min<int64_t>(group, 64));
-      const at::Tensor m = first.to(at::kFloat).mean(0).contiguous();
-      shift.assign(m.data_ptr<float>(), m.data_ptr<float>() + C);
-      mean.assign(static_cast<size_t>(C), 0.0);
-      m2.assign(static_cast<size_t>(C), 0.0);
-    }
-    std::vector<double> s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C));
-    if (x.scalar_type() == at::kFloat) {
-      shifted_sums(x.data_ptr<float>(), count, group, group_stride, C, shift.data(), s1.data(),
-                   s2.data());
-    } else {
-      shifted_sums(x.data_ptr<at::BFloat16>(), count, group, group_stride, C, shift.data(),
-                   s1.data(), s2.data());
-    }
-    const double k = static_cast<double>(count), total = static_cast<double>(n) + k;
-    for (size_t c = 0; c < static_cast<size_t>(C); ++c) {
-      const double tm = shift[c] + s1[c] / k, tm2 = s2[c] - s1[c] * s1[c] / k;
-      const double delta = tm - mean[c];
-      m2[c] += tm2 + delta * delta * (static_cast<double>(n) * k / total);
-      mean[c] += delta * (k / total);
-      shift[c] = static_cast<float>(mean[c]);
-    }
-    n += count;
-  }
-
-  // InstanceNorm (biased variance) as y = x * scale + shift, in float32.
-  std::pair<at::Tensor, at::Tensor> affine(double eps) const {
-    const auto C = static_cast<int64_t>(mean.size());
-    at::Tensor scale = at::empty({C}, at::kFloat), bias = at::empty({C}, at::kFloat);
-    for (int64_t c = 0; c < C; ++c) {
-      const double rstd =
-          1.0 / std::sqrt(std::max(m2[static_cast<size_t>(c)] / static_cast<double>(n), 0.0) + eps);
-      scale.data_ptr<float>()[c] = static_cast<float>(rstd);
-      bias.data_ptr<float>()[c] = static_cast<float>(-mean[static_cast<size_t>(c)] * rstd);
-    }
-    return {scale, bias};
-  }
-};
-
-// Rows of a [pixels, channels] tile in the head: large enough for the GEMMs to run at full speed
-// (2048-row tiles run the 768-wide 1x1 convolutions at a quarter of it), small enough to stay in
-// the last-level cache.
-constexpr int64_t kTileRows = 8192;
 constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the backbone's MLP on the CPU
 
-// silu(x * scale + shift) into `out` (any layout, same shape as x), computed in float32.
-void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
-                    const std::pair<at::Tensor, at::Tensor>& affine) {
-  if (out.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat) {
-    at::Tensor o = out;
-    at::addcmul_out(o, affine.second, x, affine.first);
-    at::silu_(o);
-    return;
-  }
-  // LibTorch's elementwise kernels run mixed bfloat16/float32 operands through a scalar path,
-  // three times slower than converting first and keeping every op in one dtype; chunks of the
-  // outer dimension keep the float32 copy small.
-  const int64_t per_row = std::max<int64_t>(1, x.numel() / std::max<int64_t>(1, x.size(0)));
-  const int64_t step = std::max<int64_t>(1, kTileRows * x.size(-1) / per_row);
-  for (int64_t r = 0; r < x.size(0); r += step) {
-    const int64_t n = std::min(step, x.size(0) - r);
-    at::Tensor f = x.narrow(0, r, n).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    at::addcmul_out(f, affine.second, f, affine.first);
-    at::silu_(f);
-    out.narrow(0, r, n).copy_(f);
-  }
-}
-
 }  // namespace
-
-// Sapiens' head on the CPU, one image at a time (InstanceNorm statistics are per image), with
-// activations kept channels-last as [pixels, channels] matrices so that every layer is a GEMM:
-//
-//  - ConvTranspose2d(k4, s2, p1) is four 2x2 sub-pixel convolutions, one per output parity
-//    (py, px). Output pixel (2i+py, 2j+px) takes input rows i+dy and columns j+dx with kernel
-//    taps ky = 1 - 2dy (py = 0, dy in {0,-1}) or ky = 2 - 2dy (py = 1, dy in {0,1}), likewise in
-//    x. With the input zero-padded by one pixel and stored as rows of width W+2, each tap is a
-//    GEMM over a contiguous block of rows shifted by a constant, and the four taps accumulate in
-//    place. (LibTorch's CPU transposed convolution reaches about the same GEMM speed but works
-//    NCHW and allocates every intermediate.)
-//  - InstanceNorm + SiLU is never a pass of its own: the statistics are gathered tile by tile as
-//    the producing GEMM's output lands, and normalise + SiLU is applied to each tile when the next
-//    layer reads it.
-//  - The 1x1 convolutions work pixel by pixel, so each overwrites its input tile by tile: the
-//    three 768-channel maps at 512x384 share one buffer, and the classifier reads it last.
-at::Tensor Network::head_cpu(const at::Tensor& feat, int64_t gh, int64_t gw) const {
-  const int64_t B = feat.size(0), HC = config_.head_channels, K = config_.num_classes;
-  const int64_t out_h = gh * 8, out_w = gw * 8;
-  at::Tensor logits = at::empty({B, K, out_h, out_w}, feat.options());
-  // Output parity -> the (offset, kernel tap) pairs of its two input rows (or columns).
-  const int64_t taps[2][2][2] = {{{0, 1}, {-1, 3}}, {{0, 2}, {1, 0}}};
-
-  for (int64_t b = 0; b < B; ++b) {
-    at::Tensor act = feat[b];  // [h * w, channels], raw (stats empty) or to be normalised
-    ChannelStats stats;
-    int64_t H = gh, W = gw;
-    for (int s = 0; s < 3; ++s) {
-      const int64_t Cin = act.size(1), Wp = W + 2;
-      // Two spare rows: the last tap's block of the last chunk reaches two rows past the grid.
-      at::Tensor padded = at::zeros({(H + 2) * Wp + 2, Cin}, act.options());
-      at::Tensor interior = padded.narrow(0, 0, (H + 2) * Wp)
-                                .view({H + 2, Wp, Cin})
-                                .slice(0, 1, H + 1)
-                                .slice(1, 1, W + 1);
-      if (stats.n == 0) {
-        interior.copy_(act.view({H, W, Cin}));
-      } else {
-        norm_silu_into(interior, act.view({H, W, Cin}), stats.affine(kInstanceNormEps));
-      }
-      // The previous stage's output lives on in `padded`; releasing it before the next, 4x larger
-      // map is allocated lowers the peak by a quarter of that map.
-      const auto options = act.options();
-      act = at::Tensor();
-      at::Tensor y = at::empty({2 * H, 2 * W, HC}, options);
-      // y viewed as [i, py, j, px, c]: one parity plane is a strided [H, W, HC] view.
-      const at::Tensor planes = y.view({H, 2, W, 2, HC});
-      ChannelStats next;
-      const int64_t chunk = std::max<int64_t>(1, kTileRows / Wp);
-      at::Tensor scratch = at::empty({chunk * Wp, HC}, options);
-      for (int py = 0; py < 2; ++py) {
-        for (int px = 0; px < 2; ++px) {
-          for (int64_t i0 = 0; i0 < H; i0 += chunk) {
-            const int64_t rows = std::min(chunk, H - i0), M = rows * Wp;
-            at::Tensor o = scratch.narrow(0, 0, M);
-            bool first = true;
-            for (const auto& ty : taps[py]) {
-              for (const auto& tx : taps[px]) {
-                const int64_t off = (i0 + 1 + ty[0]) * Wp + 1 + tx[0];
-                const at::Tensor a = padded.narrow(0, off, M);
-                const at::Tensor w = deconv_taps_[s][ty[1]][tx[1]];
-                if (first) {
-                  at::mm_out(o, a, w);
-                  first = false;
-                } else {
-                  o.addmm_(a, w);
-                }
-              }
-            }
-            // Columns W and W+1 of each row are the padding's garbage.
-            const at::Tensor valid = o.view({rows, Wp, HC}).narrow(1, 0, W);
-            planes.select(3, px).select(1, py).narrow(0, i0, rows).copy_(valid);
-            next.add(o, rows * W, W, Wp * HC);
-          }
-        }
-      }
-      act = y.view({4 * H * W, HC});
-      stats = std::move(next);
-      H *= 2;
-      W *= 2;
-    }
-
-    const int64_t P = H * W;
-    at::Tensor tile = at::empty({std::min(kTileRows, P), HC}, act.options());
-    for (int s = 0; s < 3; ++s) {
-      const auto affine = stats.affine(kInstanceNormEps);
-      const at::Tensor& wt = conv_w_[s];
-      ChannelStats next;
-      for (int64_t r = 0; r < P; r += kTileRows) {
-        const int64_t n = std::min(kTileRows, P - r);
-        at::Tensor rows = act.narrow(0, r, n), t = tile.narrow(0, 0, n);
-        norm_silu_into(t, rows, affine);
-        at::addmm_out(rows, conv_b_[s], t, wt);
-        next.add(rows, n, n, 0);
-      }
-      stats = std::move(next);
-    }
-    const auto affine = stats.affine(kInstanceNormEps);
-    const at::Tensor& wt = seg_w_;
-    at::Tensor out = at::empty({P, K}, act.options());
-    for (int64_t r = 0; r < P; r += kTileRows) {
-      const int64_t n = std::min(kTileRows, P - r);
-      at::Tensor t = tile.narrow(0, 0, n), o = out.narrow(0, r, n);
-      norm_silu_into(t, act.narrow(0, r, n), affine);
-      at::addmm_out(o, seg_b_, t, wt);
-    }
-    logits[b].copy_(out.view({H, W, K}).permute({2, 0, 1}));
-  }
-  return logits;
-}
 
 at::Tensor Network::head_generic(const at::Tensor& feat, int64_t gh, int64_t gw) const {
   const int64_t B = feat.size(0), C = feat.size(2);
@@ -507,12 +270,13 @@ at::Tensor Network::head_generic(const at::Tensor& feat, int64_t gh, int64_t gw)
     return at::silu_(y);
   };
   for (int s = 0; s < 3; ++s) {
-    x = norm_silu(at::conv_transpose2d(x, deconv_w_[s], {}, /*stride=*/2, /*padding=*/1));
+    x = norm_silu(at::conv_transpose2d(x, generic_head_.deconv_w[s], {}, /*stride=*/2,
+                                       /*padding=*/1));
   }
   for (int s = 0; s < 3; ++s) {
-    x = norm_silu(at::conv2d(x, conv_w_[s], conv_b_[s]));
+    x = norm_silu(at::conv2d(x, generic_head_.conv_w[s], generic_head_.conv_b[s]));
   }
-  return at::conv2d(x, seg_w_, seg_b_);
+  return at::conv2d(x, generic_head_.seg_w, generic_head_.seg_b);
 }
 
 at::Tensor Network::forward(const at::Tensor& input) const {
@@ -587,7 +351,7 @@ at::Tensor Network::forward(const at::Tensor& input) const {
   }
   layer_norm(ln_w_, ln_b_);
   const at::Tensor feat = h.view({B, N, C});
-  return device_.is_cpu() ? head_cpu(feat, gh, gw) : head_generic(feat, gh, gw);
+  return device_.is_cpu() ? cpu_head_.forward(feat, gh, gw) : head_generic(feat, gh, gw);
 }
 
 }  // namespace sapiens_seg::core::v1

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "../checkpoint.hpp"
+#include "../head/cpu_head.hpp"
 
 namespace sapiens_seg::core::v1 {
 
@@ -46,12 +47,13 @@ class Network {
   // [B, classes, input_h / 2, input_w / 2] in the network dtype on its device.
   at::Tensor forward(const at::Tensor& x) const;
   at::Device device() const { return device_; }
+  const head::CpuHead& cpu_head() const { return cpu_head_; }  // empty off the CPU
 
   const Config& config() const { return config_; }
 
  private:
   // feat: [B, gh * gw, C] after the final LayerNorm; returns the logits [B, classes, 8gh, 8gw].
-  at::Tensor head_cpu(const at::Tensor& feat, int64_t gh, int64_t gw) const;
+  // The CPU runs cpu_head_ instead (head/cpu_head.hpp).
   at::Tensor head_generic(const at::Tensor& feat, int64_t gh, int64_t gw) const;
 
   struct Block {
@@ -63,8 +65,8 @@ class Network {
   at::Tensor patch_w_, patch_b_, pos_embed_;  // pos_embed_ already at the input grid
   std::vector<Block> blocks_;
   at::Tensor ln_w_, ln_b_;
-  at::Tensor deconv_w_[3], conv_w_[3], conv_b_[3], seg_w_, seg_b_;
-  at::Tensor deconv_taps_[3];  // CPU: [ky, kx, in, out], the kernel re-laid out per tap
+  head::CpuHead cpu_head_;          // on the CPU
+  head::HeadWeights generic_head_;  // elsewhere, as stored
 };
 
 }  // namespace sapiens_seg::core::v1

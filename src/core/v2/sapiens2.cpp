@@ -367,6 +367,10 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   }
   seg_w_ = get("decode_head.conv_seg.weight");
   seg_b_ = get("decode_head.conv_seg.bias");
+  if (device.is_cpu()) {
+    cpu_head_ =
+        head::CpuHead({deconv_w_, conv_w_, conv_b_, seg_w_, seg_b_}, head::cpu_head_path(dtype));
+  }
 }
 
 at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
@@ -438,6 +442,10 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
   }
   x = at::rms_norm(x, {C}, ln_w_, kRmsNormEps);
   if (trace) trace->put("final_norm", x);
+  // The CPU's fused head (head/cpu_head.hpp) has no stage outputs to trace; a trace takes the
+  // module's own ops below, as every other device does.
+  if (!cpu_head_.empty() && !trace)
+    return cpu_head_.forward(x.narrow(1, pre, P).contiguous(), gh, gw);
   x = x.narrow(1, pre, P).reshape({B, gh, gw, C}).permute({0, 3, 1, 2}).contiguous();
   if (trace) trace->put("featmap", x);
 

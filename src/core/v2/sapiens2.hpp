@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "../checkpoint.hpp"
+#include "../head/cpu_head.hpp"
 
 namespace sapiens_seg::core::v2 {
 
@@ -77,6 +78,7 @@ class Network {
   // [B, classes, input_h, input_w] in the network dtype on its device.
   at::Tensor forward(const at::Tensor& x, Trace* trace = nullptr) const;
   at::Device device() const { return device_; }
+  const head::CpuHead& cpu_head() const { return cpu_head_; }  // empty off the CPU
 
   const Config& config() const { return config_; }
 
@@ -93,8 +95,9 @@ class Network {
   at::Tensor rope_cos_, rope_sin_;         // bf16 tables for the configured input grid
   std::vector<Block> blocks_;
   at::Tensor ln_w_;
-  std::vector<at::Tensor> deconv_w_, conv_w_, conv_b_;
+  std::vector<at::Tensor> deconv_w_, conv_w_, conv_b_;  // the head as stored (traces, GPUs)
   at::Tensor seg_w_, seg_b_;
+  head::CpuHead cpu_head_;  // the same head on the CPU, fused (empty elsewhere)
 };
 
 }  // namespace sapiens_seg::core::v2

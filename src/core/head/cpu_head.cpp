@@ -1,0 +1,338 @@
+#include "cpu_head.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+
+#include "../cpuid.hpp"
+#include "sapiens_seg/error.hpp"
+
+namespace sapiens_seg::core::head {
+namespace {
+
+constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults, in both families' heads
+
+// Sums of (x - shift) and (x - shift)^2 per channel over `count` pixels of `C` values each,
+// pixel p at base + (p / group) * group_stride + (p % group) * C (groups skip the padding columns
+// of the deconvolution's output). One multi-threaded read pass: LibTorch's column reductions
+// (var_mean over dim 0) and an elementwise route both cost several passes over maps that do not
+// fit any cache.
+template <typename T>
+void shifted_sums(const T* base, int64_t count, int64_t group, int64_t group_stride, int64_t C,
+                  const float* shift, double* s1, double* s2) {
+  const int threads = at::get_num_threads();
+  std::vector<double> part(static_cast<size_t>(threads) * 2 * C, 0.0);
+  constexpr int64_t kBlock = 64;  // pixels summed in float before moving to double
+  at::parallel_for(0, (count + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    double* d1 = part.data() + static_cast<size_t>(at::get_thread_num()) * 2 * C;
+    double* d2 = d1 + C;
+    std::vector<float> a1(static_cast<size_t>(C)), a2(static_cast<size_t>(C));
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      std::fill(a1.begin(), a1.end(), 0.0f);
+      std::fill(a2.begin(), a2.end(), 0.0f);
+      for (int64_t p = blk * kBlock; p < std::min(count, (blk + 1) * kBlock); ++p) {
+        const T* x = base + (p / group) * group_stride + (p % group) * C;
+        for (int64_t c = 0; c < C; ++c) {
+          const float d = static_cast<float>(x[c]) - shift[c];
+          a1[static_cast<size_t>(c)] += d;
+          a2[static_cast<size_t>(c)] += d * d;
+        }
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        d1[c] += a1[static_cast<size_t>(c)];
+        d2[c] += a2[static_cast<size_t>(c)];
+      }
+    }
+  });
+  for (int64_t c = 0; c < C; ++c) {
+    s1[c] = 0;
+    s2[c] = 0;
+    for (int t = 0; t < threads; ++t) {
+      s1[c] += part[static_cast<size_t>(t) * 2 * C + static_cast<size_t>(c)];
+      s2[c] += part[static_cast<size_t>(t) * 2 * C + static_cast<size_t>(C + c)];
+    }
+  }
+}
+
+// Per-channel mean and variance of an activation map, gathered tile by tile as it is produced.
+// Each tile is shifted by the mean seen so far, so the sum of squares does not cancel when
+// |mean| >> std, and tiles merge in float64 (Chan et al.'s pairwise update).
+struct ChannelStats {
+  int64_t n = 0;
+  std::vector<double> mean, m2;
+  std::vector<float> shift;
+
+  // `count` pixels of x (CPU, float32 or bfloat16, channels innermost and contiguous), in groups
+  // of `group` pixels `group_stride` elements apart.
+  void add(const at::Tensor& x, int64_t count, int64_t group, int64_t group_stride) {
+    const int64_t C = x.size(-1);
+    if (count == 0) return;
+    if (shift.empty()) {
+      // A rough centre from the first pixels; any value works, a close one keeps precision.
+      const at::Tensor first = x.view({-1, C}).narrow(0, 0, std::min<int64_t>(group, 64));
+      const at::Tensor m = first.to(at::kFloat).mean(0).contiguous();
+      shift.assign(m.data_ptr<float>(), m.data_ptr<float>() + C);
+      mean.assign(static_cast<size_t>(C), 0.0);
+      m2.assign(static_cast<size_t>(C), 0.0);
+    }
+    std::vector<double> s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C));
+    if (x.scalar_type() == at::kFloat) {
+      shifted_sums(x.data_ptr<float>(), count, group, group_stride, C, shift.data(), s1.data(),
+                   s2.data());
+    } else {
+      shifted_sums(x.data_ptr<at::BFloat16>(), count, group, group_stride, C, shift.data(),
+                   s1.data(), s2.data());
+    }
+    const double k = static_cast<double>(count), total = static_cast<double>(n) + k;
+    for (size_t c = 0; c < static_cast<size_t>(C); ++c) {
+      const double tm = shift[c] + s1[c] / k, tm2 = s2[c] - s1[c] * s1[c] / k;
+      const double delta = tm - mean[c];
+      m2[c] += tm2 + delta * delta * (static_cast<double>(n) * k / total);
+      mean[c] += delta * (k / total);
+      shift[c] = static_cast<float>(mean[c]);
+    }
+    n += count;
+  }
+
+  // InstanceNorm (biased variance) as y = x * scale + shift, in float32.
+  std::pair<at::Tensor, at::Tensor> affine(double eps) const {
+    const auto C = static_cast<int64_t>(mean.size());
+    at::Tensor scale = at::empty({C}, at::kFloat), bias = at::empty({C}, at::kFloat);
+    for (int64_t c = 0; c < C; ++c) {
+      const double rstd =
+          1.0 / std::sqrt(std::max(m2[static_cast<size_t>(c)] / static_cast<double>(n), 0.0) + eps);
+      scale.data_ptr<float>()[c] = static_cast<float>(rstd);
+      bias.data_ptr<float>()[c] = static_cast<float>(-mean[static_cast<size_t>(c)] * rstd);
+    }
+    return {scale, bias};
+  }
+};
+
+// Rows of a [pixels, channels] tile in the head: large enough for the GEMMs to run at full speed
+// (2048-row tiles run the 768-wide 1x1 convolutions at a quarter of it), small enough to stay in
+// the last-level cache.
+constexpr int64_t kTileRows = 8192;
+
+// silu(x * scale + shift) into `out` (any layout, same shape as x), computed in float32.
+void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
+                    const std::pair<at::Tensor, at::Tensor>& affine) {
+  if (out.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat) {
+    at::Tensor o = out;
+    at::addcmul_out(o, affine.second, x, affine.first);
+    at::silu_(o);
+    return;
+  }
+  // LibTorch's elementwise kernels run mixed bfloat16/float32 operands through a scalar path,
+  // three times slower than converting first and keeping every op in one dtype; chunks of the
+  // outer dimension keep the float32 copy small.
+  const int64_t per_row = std::max<int64_t>(1, x.numel() / std::max<int64_t>(1, x.size(0)));
+  const int64_t step = std::max<int64_t>(1, kTileRows * x.size(-1) / per_row);
+  for (int64_t r = 0; r < x.size(0); r += step) {
+    const int64_t n = std::min(step, x.size(0) - r);
+    at::Tensor f = x.narrow(0, r, n).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    at::addcmul_out(f, affine.second, f, affine.first);
+    at::silu_(f);
+    out.narrow(0, r, n).copy_(f);
+  }
+}
+
+// One ConvTranspose2d(k4, s2, p1) of the head as four 2x2 sub-pixel convolutions, one per output
+// parity (py, px). Output pixel (2i+py, 2j+px) takes input rows i+dy and columns j+dx with kernel
+// taps ky = 1 - 2dy (py = 0, dy in {0,-1}) or ky = 2 - 2dy (py = 1, dy in {0,1}), likewise in x.
+// With the input zero-padded by one pixel and stored as rows of width W+2, each tap is a GEMM over
+// a contiguous block of rows shifted by a constant, and the four taps accumulate in place.
+// (LibTorch's CPU transposed convolution, NCHW, reached about the same GEMM speed on AVX-512 but
+// allocates every intermediate.) `act` is [H*W, Cin], raw or to be normalised with `stats`;
+// returns [2H*2W, HC] with its statistics in `next`, gathered tile by tile as the GEMMs land.
+at::Tensor deconv_gemm(at::Tensor act, const ChannelStats& stats, const at::Tensor& taps, int64_t H,
+                       int64_t W, ChannelStats& next) {
+  // Output parity -> the (offset, kernel tap) pairs of its two input rows (or columns).
+  const int64_t tap_of[2][2][2] = {{{0, 1}, {-1, 3}}, {{0, 2}, {1, 0}}};
+  const int64_t Cin = act.size(1), HC = taps.size(3), Wp = W + 2;
+  // Two spare rows: the last tap's block of the last chunk reaches two rows past the grid.
+  at::Tensor padded = at::zeros({(H + 2) * Wp + 2, Cin}, act.options());
+  at::Tensor interior = padded.narrow(0, 0, (H + 2) * Wp)
+                            .view({H + 2, Wp, Cin})
+                            .slice(0, 1, H + 1)
+                            .slice(1, 1, W + 1);
+  if (stats.n == 0) {
+    interior.copy_(act.view({H, W, Cin}));
+  } else {
+    norm_silu_into(interior, act.view({H, W, Cin}), stats.affine(kInstanceNormEps));
+  }
+  // The previous stage's output lives on in `padded`; releasing it before the next, 4x larger map
+  // is allocated lowers the peak by a quarter of that map.
+  const auto options = act.options();
+  act = at::Tensor();
+  at::Tensor y = at::empty({2 * H, 2 * W, HC}, options);
+  // y viewed as [i, py, j, px, c]: one parity plane is a strided [H, W, HC] view.
+  const at::Tensor planes = y.view({H, 2, W, 2, HC});
+  const int64_t chunk = std::max<int64_t>(1, kTileRows / Wp);
+  at::Tensor scratch = at::empty({chunk * Wp, HC}, options);
+  for (int py = 0; py < 2; ++py) {
+    for (int px = 0; px < 2; ++px) {
+      for (int64_t i0 = 0; i0 < H; i0 += chunk) {
+        const int64_t rows = std::min(chunk, H - i0), M = rows * Wp;
+        at::Tensor o = scratch.narrow(0, 0, M);
+        bool first = true;
+        for (const auto& ty : tap_of[py]) {
+          for (const auto& tx : tap_of[px]) {
+            const int64_t off = (i0 + 1 + ty[0]) * Wp + 1 + tx[0];
+            const at::Tensor a = padded.narrow(0, off, M);
+            const at::Tensor w = taps[ty[1]][tx[1]];
+            if (first) {
+              at::mm_out(o, a, w);
+              first = false;
+            } else {
+              o.addmm_(a, w);
+            }
+          }
+        }
+        // Columns W and W+1 of each row are the padding's garbage.
+        const at::Tensor valid = o.view({rows, Wp, HC}).narrow(1, 0, W);
+        planes.select(3, px).select(1, py).narrow(0, i0, rows).copy_(valid);
+        next.add(o, rows * W, W, Wp * HC);
+      }
+    }
+  }
+  return y.view({4 * H * W, HC});
+}
+
+// A [P, C] matrix as the NCHW-sized, channels-last [1, C, h, w] tensor it already is in memory.
+at::Tensor as_channels_last(const at::Tensor& m, int64_t h, int64_t w) {
+  return m.view({1, h, w, m.size(1)}).permute({0, 3, 1, 2});
+}
+
+// A channels-last [1, C, h, w] result back to [h*w, C] (a view; a copy only where LibTorch chose
+// another layout).
+at::Tensor as_matrix(const at::Tensor& t) {
+  return t.contiguous(at::MemoryFormat::ChannelsLast)
+      .permute({0, 2, 3, 1})
+      .reshape({-1, t.size(1)});
+}
+
+// The same deconvolution through oneDNN (LibTorch routes channels-last float32 convolutions to
+// its mkldnn_convolution): the input is normalised in place, since the raw map is not read again.
+at::Tensor deconv_onednn(at::Tensor act, const ChannelStats& stats, const at::Tensor& w, int64_t H,
+                         int64_t W, ChannelStats& next) {
+  if (stats.n != 0) norm_silu_into(act, act, stats.affine(kInstanceNormEps));
+  const at::Tensor x = as_channels_last(act, H, W);
+  act = at::Tensor();
+  at::Tensor y = as_matrix(at::conv_transpose2d(x, w, {}, /*stride=*/2, /*padding=*/1));
+  next.add(y, y.size(0), y.size(0), 0);
+  return y;
+}
+
+// out = silu(norm(x)) W + b for one tile of pixels (1x1 convolution), `tile` as scratch; `out`
+// may be `x` itself. `w` is [in, out] on the GEMM path, the stored [out, in, 1, 1] on oneDNN's.
+void conv1x1_tile(CpuHeadPath path, const at::Tensor& out, const at::Tensor& x,
+                  const std::pair<at::Tensor, at::Tensor>& affine, const at::Tensor& w,
+                  const at::Tensor& b, const at::Tensor& tile) {
+  norm_silu_into(tile, x, affine);
+  if (path == CpuHeadPath::kGemm) {
+    at::Tensor o = out;
+    at::addmm_out(o, b, tile, w);
+  } else {
+    out.copy_(as_matrix(at::conv2d(as_channels_last(tile, 1, tile.size(0)), w, b)));
+  }
+}
+
+}  // namespace
+
+const char* to_string(CpuHeadPath path) {
+  return path == CpuHeadPath::kOnednn ? "onednn" : "gemm";
+}
+
+CpuHeadPath cpu_head_path(at::ScalarType dtype) {
+  if (!at::hasMKLDNN()) return CpuHeadPath::kGemm;  // no oneDNN: LibTorch's slow convolutions
+  if (const char* env = std::getenv("SAPIENS_SEG_CPU_HEAD"); env && *env) {
+    const std::string v(env);
+    if (v == "gemm") return CpuHeadPath::kGemm;
+    if (v == "onednn") return CpuHeadPath::kOnednn;
+    throw Error(ErrorCode::kInvalidInput,
+                "SAPIENS_SEG_CPU_HEAD must be 'gemm' or 'onednn', got '" + v + "'");
+  }
+  // Measured by head_bench on Zen 1 (AVX2 + FMA, 2 cores, 2026-12-02): v1's head in float32 took
+  // 30.5 s through oneDNN, 34.1 s through MKL's GEMMs (64 against 57 GFLOP/s); Sapiens2's narrow
+  // head took the same either way. The AVX-512 machines measured the GEMM path only, which stays
+  // their default until head_bench runs there.
+  return dtype == at::kFloat && !host_cpu_features().avx512_core() ? CpuHeadPath::kOnednn
+                                                                   : CpuHeadPath::kGemm;
+}
+
+CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path) : path_(path) {
+  const bool gemm = path == CpuHeadPath::kGemm;
+  for (const at::Tensor& d : w.deconv_w) {
+    // GEMM operands as [in, out] matrices, contiguous: MKL runs these narrow GEMMs at half speed
+    // with the transposed ([out, in]) layout. [in, out, ky, kx] becomes [ky, kx, in, out].
+    deconv_.push_back(gemm ? d.permute({2, 3, 0, 1}).contiguous() : d.contiguous());
+  }
+  auto matrix = [&](const at::Tensor& c) {
+    return gemm ? c.view({c.size(0), -1}).t().contiguous() : c.contiguous();
+  };
+  for (size_t s = 0; s < w.conv_w.size(); ++s) {
+    conv_w_.push_back(matrix(w.conv_w[s]));
+    conv_b_.push_back(w.conv_b[s].contiguous());
+  }
+  seg_w_ = matrix(w.seg_w);
+  seg_b_ = w.seg_b.contiguous();
+}
+
+at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) const {
+  const auto stages = static_cast<int64_t>(deconv_.size());
+  const int64_t B = feat.size(0), K = seg_b_.size(0);
+  at::Tensor logits = at::empty({B, K, gh << stages, gw << stages}, feat.options());
+
+  for (int64_t b = 0; b < B; ++b) {
+    at::Tensor act = feat[b];  // [h * w, channels], raw (stats empty) or to be normalised
+    ChannelStats stats;
+    int64_t H = gh, W = gw;
+    for (const at::Tensor& w : deconv_) {
+      ChannelStats next;
+      act = path_ == CpuHeadPath::kGemm ? deconv_gemm(std::move(act), stats, w, H, W, next)
+                                        : deconv_onednn(std::move(act), stats, w, H, W, next);
+      stats = std::move(next);
+      H *= 2;
+      W *= 2;
+    }
+
+    const int64_t P = H * W;
+    for (size_t s = 0; s < conv_b_.size(); ++s) {
+      const int64_t Cin = act.size(1), Cout = conv_b_[s].size(0);
+      const auto affine = stats.affine(kInstanceNormEps);
+      // A layer as wide as its input overwrites it, tile by tile (never the caller's feat);
+      // another gets a map of its own.
+      const at::Tensor out =
+          Cout == Cin && !deconv_.empty() ? act : at::empty({P, Cout}, act.options());
+      const at::Tensor tile = at::empty({std::min(kTileRows, P), Cin}, act.options());
+      ChannelStats next;
+      for (int64_t r = 0; r < P; r += kTileRows) {
+        const int64_t n = std::min(kTileRows, P - r);
+        const at::Tensor rows = out.narrow(0, r, n);
+        conv1x1_tile(path_, rows, act.narrow(0, r, n), affine, conv_w_[s], conv_b_[s],
+                     tile.narrow(0, 0, n));
+        next.add(rows, n, n, 0);
+      }
+      act = out;
+      stats = std::move(next);
+    }
+    const auto affine = stats.affine(kInstanceNormEps);
+    const at::Tensor out = at::empty({P, K}, act.options());
+    const at::Tensor tile = at::empty({std::min(kTileRows, P), act.size(1)}, act.options());
+    for (int64_t r = 0; r < P; r += kTileRows) {
+      const int64_t n = std::min(kTileRows, P - r);
+      conv1x1_tile(path_, out.narrow(0, r, n), act.narrow(0, r, n), affine, seg_w_, seg_b_,
+                   tile.narrow(0, 0, n));
+    }
+    logits[b].copy_(out.view({H, W, K}).permute({2, 0, 1}));
+  }
+  return logits;
+}
+
+}  // namespace sapiens_seg::core::head

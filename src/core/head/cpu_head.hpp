@@ -1,0 +1,66 @@
+// The decoder head both Sapiens families share (the authors' VitHead layout) on the CPU:
+// transposed convolutions (k4, s2, p1, no bias) that double the grid, then 1x1 convolutions, each
+// followed by InstanceNorm (per image, no affine) and SiLU, then a 1x1 classifier. Sapiens v1 has
+// three 768-wide deconvolutions and three 768-wide convolutions; Sapiens2 has four deconvolutions
+// (512, 256, 128, 64) and two 64-wide convolutions.
+//
+// Activations stay channels-last as [pixels, channels] matrices, one image at a time:
+//  - each transposed convolution runs as four sub-pixel GEMMs on LibTorch's BLAS (kGemm) or as
+//    oneDNN's deconvolution (kOnednn), whichever the CPU runs faster (cpu_head_path);
+//  - InstanceNorm + SiLU is never a pass of its own: the statistics are gathered as the producing
+//    layer's output lands (tile by tile on the GEMM path), and normalise + SiLU is applied when
+//    the next layer reads its input;
+//  - the 1x1 convolutions work pixel by pixel, so one as wide as its input overwrites it tile by
+//    tile: v1's three 768-channel maps at 512x384 share one buffer.
+#pragma once
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace sapiens_seg::core::head {
+
+enum class CpuHeadPath {
+  kGemm,    // deconvolutions as sub-pixel GEMMs, 1x1 convolutions as GEMMs (MKL for float32)
+  kOnednn,  // oneDNN's convolutions on channels-last maps (LibTorch's mkldnn_convolution)
+};
+const char* to_string(CpuHeadPath path);
+
+// The path for `dtype` on this CPU. oneDNN for float32 on CPUs without AVX-512, where its JIT
+// convolutions beat MKL's GEMMs on the head's shapes (benchmarks/head_bench.cpp); the GEMMs
+// elsewhere, where they were measured as fast as LibTorch's convolutions. SAPIENS_SEG_CPU_HEAD=gemm
+// or =onednn forces one (A/B benchmarks, tests; another value is an Error(kInvalidInput));
+// LibTorch without oneDNN always gets kGemm.
+CpuHeadPath cpu_head_path(at::ScalarType dtype);
+
+// The weights as the checkpoints store them (already in the network's dtype, on the CPU):
+// deconv_w [in, out, 4, 4], conv_w [out, in, 1, 1] with conv_b [out], seg_w [classes, in, 1, 1]
+// with seg_b [classes].
+struct HeadWeights {
+  std::vector<at::Tensor> deconv_w, conv_w, conv_b;
+  at::Tensor seg_w, seg_b;
+};
+
+// Immutable once built; forward may run on several threads at once.
+class CpuHead {
+ public:
+  CpuHead() = default;
+  // Re-lays the weights out once for `path` (the GEMM path's copies replace the stored tensors;
+  // oneDNN's path keeps them as they are).
+  CpuHead(const HeadWeights& weights, CpuHeadPath path);
+
+  // feat: [B, gh * gw, C] contiguous, after the backbone's final norm. Returns the logits
+  // [B, classes, gh * 2^s, gw * 2^s] for s deconvolutions, in feat's dtype.
+  at::Tensor forward(const at::Tensor& feat, int64_t gh, int64_t gw) const;
+  CpuHeadPath path() const { return path_; }
+  bool empty() const { return deconv_.empty(); }
+
+ private:
+  CpuHeadPath path_ = CpuHeadPath::kGemm;
+  // kGemm: deconv_ [ky, kx, in, out] (one matrix per kernel tap), conv_w_ and seg_w_ [in, out];
+  // kOnednn: as stored.
+  std::vector<at::Tensor> deconv_, conv_w_, conv_b_;
+  at::Tensor seg_w_, seg_b_;
+};
+
+}  // namespace sapiens_seg::core::head
