@@ -11,6 +11,7 @@
 // difference between the two paths' logits.
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -77,9 +78,7 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int reps = 3;
   std::string json_out, only;
   for (int i = 1; i < argc; ++i) {
@@ -160,4 +159,15 @@ int main(int argc, char** argv) {
     std::ofstream(json_out) << out.dump(2) << "\n";
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "head_bench: %s\n", e.what());
+    return 1;
+  }
 }
