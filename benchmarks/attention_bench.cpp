@@ -48,21 +48,12 @@ double ms_since(Clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 5;
-  std::string json_out, only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::stoi(argv[++i]);
-    } else if (a == "--json" && i + 1 < argc) {
-      json_out = argv[++i];
-    } else if (a == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: attention_bench [--reps N] [--json FILE] [--only TEXT]\n");
-      return 2;
-    }
-  }
+  bench::Args args{5, "", ""};
+  if (!bench::parse_args(argc, argv, "attention_bench [--reps N] [--json FILE] [--only TEXT]",
+                         args))
+    return 2;
+  const int reps = args.reps;
+  const std::string &json_out = args.json_out, &only = args.only;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("%-24s %-9s %-11s %12s %12s %9s %9s %7s\n", "case", "dtype", "path", "libtorch_ms",
               "kernel_ms", "lib_GF/s", "ker_GF/s", "ratio");
@@ -112,15 +103,10 @@ int main(int argc, char** argv) {
     }
   }
   if (!json_out.empty()) {
-    const nlohmann::json out = {{"date", bench::today()},
-                                {"cpu", bench::read_first("/proc/cpuinfo", "model name")},
-                                {"cpu_flags", bench::read_first("/proc/cpuinfo", "flags")},
-                                {"cores", bench::read_first("/proc/cpuinfo", "cpu cores")},
-                                {"threads", at::get_num_threads()},
-                                {"load_average", bench::read_first("/proc/loadavg", "")},
-                                {"libtorch", TORCH_VERSION},
-                                {"reps", reps},
-                                {"rows", rows}};
+    nlohmann::json out = bench::machine_json();
+    out["libtorch"] = TORCH_VERSION;
+    out["reps"] = reps;
+    out["rows"] = rows;
     std::ofstream(json_out) << out.dump(2) << "\n";
   }
   return 0;

@@ -2,10 +2,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
 
 namespace bench {
 
@@ -33,6 +37,40 @@ inline std::string today() {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::localtime(&now));
   return date;
+}
+
+// The flags the kernel micro-benchmarks share: --reps N, --json FILE, --only TEXT (cases whose
+// name contains TEXT). False, with `usage` printed, on anything else.
+struct Args {
+  int reps;
+  std::string json_out, only;
+};
+inline bool parse_args(int argc, char** argv, const char* usage, Args& args) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      args.reps = std::stoi(argv[++i]);
+    } else if (a == "--json" && i + 1 < argc) {
+      args.json_out = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      args.only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s\n", usage);
+      return false;
+    }
+  }
+  return true;
+}
+
+// What every result file records about the machine it ran on: date, CPU model and flags, cores,
+// LibTorch's threads, the load average.
+inline nlohmann::json machine_json() {
+  return {{"date", today()},
+          {"cpu", read_first("/proc/cpuinfo", "model name")},
+          {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
+          {"cores", read_first("/proc/cpuinfo", "cpu cores")},
+          {"threads", at::get_num_threads()},
+          {"load_average", read_first("/proc/loadavg", "")}};
 }
 
 }  // namespace bench

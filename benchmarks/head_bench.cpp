@@ -79,21 +79,11 @@ double ms_since(Clock::time_point t0) {
 }
 
 int run(int argc, char** argv) {
-  int reps = 3;
-  std::string json_out, only;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::stoi(argv[++i]);
-    } else if (a == "--json" && i + 1 < argc) {
-      json_out = argv[++i];
-    } else if (a == "--only" && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: head_bench [--reps N] [--json FILE] [--only TEXT]\n");
-      return 2;
-    }
-  }
+  bench::Args args{3, "", ""};
+  if (!bench::parse_args(argc, argv, "head_bench [--reps N] [--json FILE] [--only TEXT]", args))
+    return 2;
+  const int reps = args.reps;
+  const std::string &json_out = args.json_out, &only = args.only;
   if (!at::hasMKLDNN()) {
     std::fprintf(stderr, "head_bench: this LibTorch has no oneDNN, only the GEMM path runs\n");
     return 1;
@@ -147,15 +137,10 @@ int run(int argc, char** argv) {
     }
   }
   if (!json_out.empty()) {
-    const nlohmann::json out = {{"date", bench::today()},
-                                {"cpu", bench::read_first("/proc/cpuinfo", "model name")},
-                                {"cpu_flags", bench::read_first("/proc/cpuinfo", "flags")},
-                                {"cores", bench::read_first("/proc/cpuinfo", "cpu cores")},
-                                {"threads", at::get_num_threads()},
-                                {"load_average", bench::read_first("/proc/loadavg", "")},
-                                {"libtorch", TORCH_VERSION},
-                                {"reps", reps},
-                                {"rows", rows}};
+    nlohmann::json out = bench::machine_json();
+    out["libtorch"] = TORCH_VERSION;
+    out["reps"] = reps;
+    out["rows"] = rows;
     std::ofstream(json_out) << out.dump(2) << "\n";
   }
   return 0;
