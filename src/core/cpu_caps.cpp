@@ -170,7 +170,9 @@ CpuCaps parse_cpuinfo(const std::string& text) {
     const auto colon = line.find(':');
     if (colon == std::string::npos) continue;
     const std::string key = trim(line.substr(0, colon));
-    if (key == "model name" && !have_model) {
+    if (key == "vendor_id" && c.vendor.empty()) {
+      c.vendor = trim(line.substr(colon + 1));
+    } else if (key == "model name" && !have_model) {
       c.model = trim(line.substr(colon + 1));
       have_model = true;
     } else if (key == "flags" && !have_flags) {
@@ -187,6 +189,7 @@ const CpuCaps& cpu_caps() {
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CpuCaps c = parse_cpuinfo(text);
     if (const char* f = std::getenv("SAPIENS_SEG_CPU_FLAGS")) set_flags(c, split_flags(f));
+    if (const char* v = std::getenv("SAPIENS_SEG_CPU_VENDOR")) c.vendor = trim(v);
     // oneDNN reads ONEDNN_MAX_CPU_ISA first, then the older name.
     for (const char* var : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
       if (const char* v = std::getenv(var); v && *v) {
@@ -220,8 +223,24 @@ std::string cpu_dtype_unavailable_reason(const CpuCaps& c, at::ScalarType dtype)
            "); this CPU (" + c.model + ") has " + has_text(c) + ", so LibTorch's " + name +
            " GEMMs would run a scalar or emulated fallback, many times slower than float32" + tail;
   }
-  // The instructions are there; oneDNN must also be allowed to use them.
-  const bool vec = bf16 ? c.avx512_bf16 : c.avx512_fp16;
+  // Measured (benchmarks/cpu_dtype_probe.py, F.linear at 3072 x 1024 x 1024): bfloat16 0.60x
+  // float32 on an Intel Xeon with AVX512-BF16 whose AMX the hypervisor hides, 2.90x on AMD Zen 4.
+  // The likely why: Intel cores issue VDPBF16PS on one port and float32 FMAs on two (no more
+  // multiply-adds per cycle), and oneDNN's bfloat16 GEMM also converts its operands; Zen 4
+  // double-pumps its 512-bit float32 FMAs. So without AMX-BF16 only AMD's AVX512-BF16 counts; an
+  // unknown vendor is not assumed to be AMD.
+  const bool amx_bf16 = c.amx_tile && c.amx_bf16;
+  if (bf16 && !amx_bf16 && !c.amd()) {
+    return "bfloat16 would run slower than float32 on this CPU (" + c.model +
+           "): it has AVX512-BF16 but not AMX-BF16, and on " +
+           (c.vendor.empty() ? std::string("a CPU of unknown vendor") : c.vendor + " cores") +
+           " those dot products are no faster than float32's FMAs (LibTorch's bfloat16 GEMMs "
+           "measured 0.6x float32's on such a CPU)" +
+           tail;
+  }
+  // The instructions are there; oneDNN must also be allowed to use them (for bfloat16 on Intel,
+  // the AMX ones).
+  const bool vec = bf16 ? c.avx512_bf16 && c.amd() : c.avx512_fp16;
   const OnednnIsa need = bf16 ? (vec ? OnednnIsa::kAvx512CoreBf16 : OnednnIsa::kAvx512CoreAmx)
                               : (vec ? OnednnIsa::kAvx512CoreFp16 : OnednnIsa::kAvx512CoreAmxFp16);
   if (c.onednn_cap < need) {

@@ -35,7 +35,8 @@ enum class OnednnIsa {
 };
 
 struct CpuCaps {
-  std::string model;  // "model name" of /proc/cpuinfo ("unknown" where there is none)
+  std::string model;   // "model name" of /proc/cpuinfo ("unknown" where there is none)
+  std::string vendor;  // "vendor_id" (GenuineIntel, AuthenticAMD; "" where there is none)
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, avx512_fp16 = false;
@@ -45,13 +46,14 @@ struct CpuCaps {
   bool mkldnn_enabled = true;              // LibTorch built with oneDNN and not disabled
 
   bool avx512_core() const { return avx512f && avx512bw && avx512vl && avx512dq; }
+  bool amd() const { return vendor == "AuthenticAMD"; }
   // The flags above that are set, in /proc/cpuinfo spelling.
   std::vector<std::string> flags() const;
 };
 
 // The capabilities of this machine (read once; SAPIENS_SEG_CPU_FLAGS, a comma- or space-separated
-// flag list in /proc/cpuinfo spelling, replaces the CPU's flags, for tests and for checking the
-// rule against another machine's flags).
+// flag list in /proc/cpuinfo spelling, replaces the CPU's flags, and SAPIENS_SEG_CPU_VENDOR its
+// vendor_id, for tests and for checking the rule against another machine).
 const CpuCaps& cpu_caps();
 // Parses a /proc/cpuinfo-style text (model name and flags lines), for cpu_caps and tests.
 CpuCaps parse_cpuinfo(const std::string& text);
@@ -60,8 +62,9 @@ CpuCaps parse_cpuinfo(const std::string& text);
 OnednnIsa parse_onednn_isa(const std::string& value);
 
 // Why the portable network cannot run `dtype` on this CPU at full speed, or "" when it can:
-// float32 always; bfloat16 where the CPU has native bfloat16 dot products (AVX512-BF16 or
-// AMX-BF16) and oneDNN may use them; float16 likewise with AVX512-FP16 or AMX-FP16.
+// float32 always; bfloat16 where oneDNN may use native bfloat16 dot products that outrun
+// float32's FMAs: AMX-BF16, or AVX512-BF16 on AMD cores (on Intel cores without AMX, AVX512-BF16
+// runs LibTorch's bfloat16 GEMMs slower than float32); float16 with AVX512-FP16 or AMX-FP16.
 std::string cpu_dtype_unavailable_reason(const CpuCaps& caps, at::ScalarType dtype);
 
 // One line per dtype for `info`: "float32: ..." with what it runs on or why it is refused.

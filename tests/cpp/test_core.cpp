@@ -337,16 +337,23 @@ const char* kHaswell =  // AVX2 + FMA, no AVX512 (the issue's machine kind)
     "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v3 @ 2.50GHz\n"
     "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2\n";
 const char* kSkylakeX =  // AVX512-core, no BF16
-    "model name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\n"
+    "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz\n"
     "flags\t\t: sse4_2 avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl\n";
-const char* kZen4 =  // AVX512-BF16, no AVX512-FP16, no AMX (this project's build machine)
-    "model name\t: AMD EPYC 9654 96-Core Processor\n"
+const char* kZen4 =  // AVX512-BF16, no AVX512-FP16, no AMX (one of this project's build machines)
+    "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n"
     "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl "
     "avx512_bf16 avx512vbmi avx512_vnni\n";
 const char* kSapphireRapids =  // AVX512-BF16, AVX512-FP16, AMX-BF16 (no AMX-FP16)
-    "model name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+    "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
     "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 "
     "avx512_fp16 amx_bf16 amx_tile amx_int8\n";
+// Another of the build machines: an Intel Xeon (family 6, model 207) whose hypervisor hides AMX,
+// so only AVX512-BF16 and AVX512-FP16 are left (bfloat16 linear 0.60x float32 there).
+const char* kXeonNoAmx =
+    "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+    "model name\t: Intel(R) Xeon(R) Processor\n"
+    "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni "
+    "avx512_bf16 avx512_vnni avx512_fp16\n";
 
 core::CpuCaps caps_of(const char* text, const std::string& cap = "") {
   core::CpuCaps c = core::parse_cpuinfo(text);
@@ -370,6 +377,10 @@ void expect_has(const std::string& text, const std::vector<std::string>& parts) 
 TEST(UnitCpuCaps, ParsesCpuinfo) {
   const auto c = caps_of(kZen4);
   EXPECT_EQ(c.model, "AMD EPYC 9654 96-Core Processor");
+  EXPECT_EQ(c.vendor, "AuthenticAMD");
+  EXPECT_TRUE(c.amd());
+  EXPECT_FALSE(caps_of(kXeonNoAmx).amd());
+  EXPECT_EQ(caps_of(kHaswell).vendor, "");
   EXPECT_TRUE(c.avx2 && c.fma && c.avx512_core() && c.avx512_bf16);
   EXPECT_FALSE(c.avx512_fp16 || c.amx_bf16 || c.amx_tile);
   EXPECT_EQ(c.flags(), (std::vector<std::string>{"avx2", "fma", "f16c", "avx512f", "avx512bw",
@@ -412,6 +423,22 @@ TEST(UnitCpuCaps, Bfloat16OnlyWithNativeDotProducts) {
   EXPECT_EQ(reason(amx, at::kBFloat16), "");
 }
 
+TEST(UnitCpuCaps, Bfloat16RefusedWhereItsDotProductsAreNoFasterThanFloat32) {
+  // AVX512-BF16 on an Intel core without AMX: the instructions exist, the speed does not.
+  expect_has(reason(caps_of(kXeonNoAmx), at::kBFloat16),
+             {"bfloat16", "AVX512-BF16 but not AMX-BF16", "GenuineIntel", "0.6x", "use float32"});
+  // The same flags on an AMD core run bfloat16 at 2.9x float32 (Zen 4).
+  core::CpuCaps amd = caps_of(kXeonNoAmx);
+  amd.vendor = "AuthenticAMD";
+  EXPECT_EQ(reason(amd, at::kBFloat16), "");
+  // An unknown vendor is not taken for AMD.
+  core::CpuCaps unknown = caps_of(kZen4);
+  unknown.vendor.clear();
+  expect_has(reason(unknown, at::kBFloat16), {"unknown vendor", "AMX-BF16"});
+  // float16 keeps its rule there (F.linear 1.03x float32 on that Xeon: not slower).
+  EXPECT_EQ(reason(caps_of(kXeonNoAmx), at::kHalf), "");
+}
+
 TEST(UnitCpuCaps, Float16OnlyWithNativeFp16) {
   expect_has(reason(caps_of(kZen4), at::kHalf),
              {"float16", "AVX512-FP16 or AMX-FP16", "AVX512-BF16", "EPYC 9654"});
@@ -425,7 +452,10 @@ TEST(UnitCpuCaps, OnednnIsaCapRefusesWhatItHides) {
              {"capped", "DNNL_MAX_CPU_ISA=AVX2", "AVX512_CORE_BF16", "AVX512-BF16"});
   expect_has(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kHalf),
              {"AVX512-FP16", "AVX512_CORE_FP16"});
-  EXPECT_EQ(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kBFloat16), "");
+  // Intel's bfloat16 speed is AMX's: a cap below AMX refuses it, though AVX512-BF16 is allowed.
+  expect_has(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kBFloat16),
+             {"capped", "AVX512_CORE_AMX"});
+  EXPECT_EQ(reason(caps_of(kSapphireRapids, "AVX512_CORE_AMX"), at::kBFloat16), "");
   EXPECT_EQ(reason(caps_of(kZen4, "ALL"), at::kBFloat16), "");
   core::CpuCaps off = caps_of(kZen4);
   off.mkldnn_enabled = false;
