@@ -68,8 +68,8 @@ struct ChannelStats {
   std::vector<double> mean, m2;
   std::vector<float> shift;
 
-  // `count` pixels of x (CPU, float32 or bfloat16, channels innermost and contiguous), in groups
-  // of `group` pixels `group_stride` elements apart.
+  // `count` pixels of x (CPU, float32, bfloat16 or float16, channels innermost and contiguous), in
+  // groups of `group` pixels `group_stride` elements apart.
   void add(const at::Tensor& x, int64_t count, int64_t group, int64_t group_stride) {
     const int64_t C = x.size(-1);
     if (count == 0) return;
@@ -82,13 +82,10 @@ struct ChannelStats {
       m2.assign(static_cast<size_t>(C), 0.0);
     }
     std::vector<double> s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C));
-    if (x.scalar_type() == at::kFloat) {
-      shifted_sums(x.data_ptr<float>(), count, group, group_stride, C, shift.data(), s1.data(),
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "head_stats", [&] {
+      shifted_sums(x.data_ptr<scalar_t>(), count, group, group_stride, C, shift.data(), s1.data(),
                    s2.data());
-    } else {
-      shifted_sums(x.data_ptr<at::BFloat16>(), count, group, group_stride, C, shift.data(),
-                   s1.data(), s2.data());
-    }
+    });
     const double k = static_cast<double>(count), total = static_cast<double>(n) + k;
     for (size_t c = 0; c < static_cast<size_t>(C); ++c) {
       const double tm = shift[c] + s1[c] / k, tm2 = s2[c] - s1[c] * s1[c] / k;
@@ -260,8 +257,8 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype) {
   }
   // Measured by head_bench on Zen 1 (AVX2 + FMA, 2 cores, 2026-12-02): v1's head in float32 took
   // 30.5 s through oneDNN, 34.1 s through MKL's GEMMs (64 against 57 GFLOP/s); Sapiens2's narrow
-  // head took the same either way. The AVX-512 machines measured the GEMM path only, which stays
-  // their default until head_bench runs there.
+  // head took the same either way. On an AVX-512 Intel Xeon (same day) the GEMMs won v1's head
+  // (10.2 against 10.6 s) and lost Sapiens2's by less (1.47 against 1.34 s).
   return dtype == at::kFloat && !host_cpu_features().avx512_core() ? CpuHeadPath::kOnednn
                                                                    : CpuHeadPath::kGemm;
 }
