@@ -10,6 +10,8 @@
 
 #include "core/attention/cpu_attention.hpp"
 #include "core/backends.hpp"
+#include "core/cpu_caps.hpp"
+#include "core/head/cpu_head.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v2/sapiens2.hpp"
@@ -245,6 +247,42 @@ TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
           dir.filename().c_str(), core::head::to_string(path), d_head, d_ref);
       EXPECT_LE(d_head, 1e-4) << dir;
       EXPECT_LE(d_ref, kCpuFp32Bar) << dir;
+    }
+  }
+}
+
+// The fused head in bfloat16, on each path, held to the module's head ops in bfloat16 on the same
+// network (a trace runs those): both measured from the reference's float32 logits, since the two
+// round differently (the fused head keeps its InstanceNorm statistics in float32).
+TEST(ParitySapiens2, Bfloat16CpuHeadAsCloseAsTheModulesHead) {
+  const core::CpuCaps& caps = core::cpu_caps();
+  if (!caps.avx512_bf16 && !(caps.amx_tile && caps.amx_bf16)) {
+    // The head's bfloat16 GEMMs would run LibTorch's scalar fallback: minutes at this size.
+    GTEST_SKIP() << "no bfloat16 dot products on this CPU (AVX512-BF16 or AMX-BF16)";
+  }
+  const auto t = open_tensors("s2_tiny.safetensors");
+  const auto cfg = config_of(t);
+  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
+    if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
+    const core::v2::Network net = test::with_env(
+        "SAPIENS_SEG_CPU_HEAD", core::head::to_string(path),
+        [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), at::kBFloat16); });
+    ASSERT_EQ(net.cpu_head().path(), path);
+    for (const auto& dir : full_size_dirs("s2_tiny")) {
+      const at::Tensor x = library_input(dir).unsqueeze(0), r = ref(dir, "logits");
+      core::v2::Trace trace;
+      const at::Tensor generic = net.forward(x, &trace).to(at::kFloat);
+      const at::Tensor fused = net.forward(x).to(at::kFloat);
+      const double df = (fused - r).abs().mean().item<double>();
+      const double dg = (generic - r).abs().mean().item<double>();
+      const double agree_f = fused.argmax(1).eq(r.argmax(1)).to(at::kFloat).mean().item<double>();
+      const double agree_g = generic.argmax(1).eq(r.argmax(1)).to(at::kFloat).mean().item<double>();
+      std::printf(
+          "s2_tiny %s bf16 head %s vs reference: mean |diff| fused %.4f, module's %.4f; argmax "
+          "agreement %.4f, %.4f\n",
+          dir.filename().c_str(), core::head::to_string(path), df, dg, agree_f, agree_g);
+      EXPECT_LE(df, 1.25 * dg) << dir;
+      EXPECT_GE(agree_f, agree_g - 0.01) << dir;
     }
   }
 }
