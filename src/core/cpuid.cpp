@@ -12,6 +12,8 @@ CpuFeatures cpu_features() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   const unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 1) return f;
+  __cpuid_count(0, 0, a, b, c, d);  // the vendor string, in EBX, EDX, ECX order
+  f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "Auth" "enti" "cAMD"
   __cpuid_count(1, 0, a, b, c, d);
   f.sse42 = (c >> 20) & 1;
   f.fma = (c >> 12) & 1;

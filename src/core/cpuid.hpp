@@ -25,6 +25,7 @@ struct CpuFeatures {
   bool avx512_bf16 = false;  // VDPBF16PS / VCVTNEPS2BF16
   bool avx10_512 = false;    // AVX10 version >= 2 with 512-bit vectors
   std::uint64_t xcr0 = 0;    // XGETBV(0) when osxsave
+  bool amd = false;          // vendor "AuthenticAMD" (leaf 0): which of the kernels pay off
 
   // The OS saves the SSE and AVX (YMM) state across context switches (else AVX faults).
   bool ymm_os() const { return osxsave && avx && (xcr0 & 0x6) == 0x6; }

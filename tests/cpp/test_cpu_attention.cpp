@@ -79,9 +79,15 @@ std::string name(const Case& c) {
 TEST(UnitCpuAttention, PathFollowsTheCpu) {
   const core::CpuFeatures& f = core::host_cpu_features();
   const bool avx2 = f.avx2_fma();
-  EXPECT_EQ(cpu_attention_path(at::kFloat, 64), f.avx512_core() ? CpuAttentionPath::kAvx512
-                                                : avx2          ? CpuAttentionPath::kAvx2
-                                                                : CpuAttentionPath::kLibTorch);
+  // float32 runs the kernel where it was measured faster: AMD cores (SAPIENS_SEG_CPU_ATTENTION=
+  // kernel forces it elsewhere).
+  const CpuAttentionPath f32_kernel = f.avx512_core() ? CpuAttentionPath::kAvx512
+                                      : avx2          ? CpuAttentionPath::kAvx2
+                                                      : CpuAttentionPath::kLibTorch;
+  EXPECT_EQ(cpu_attention_path(at::kFloat, 64), f.amd ? f32_kernel : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
+                           [] { return cpu_attention_path(at::kFloat, 64); }),
+            f32_kernel);
   EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64), f.avx512_core() && f.avx512_bf16
                                                        ? CpuAttentionPath::kAvx512Bf16
                                                        : CpuAttentionPath::kLibTorch);

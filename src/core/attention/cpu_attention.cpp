@@ -635,9 +635,21 @@ void attend(const at::Tensor& q, const Shape& s, const Packed& pk, at::Tensor& o
 
 #endif  // SAPIENS_SEG_X86
 
-bool forced_libtorch() {
+std::string forced_attention() {
   const char* env = std::getenv("SAPIENS_SEG_CPU_ATTENTION");
-  return env && std::string(env) == "libtorch";
+  return env ? std::string(env) : std::string();
+}
+
+bool forced_libtorch() {
+  return forced_attention() == "libtorch";
+}
+
+// The float32 kernels were measured faster than LibTorch's attention on AMD cores only (Zen 1
+// AVX2: 1.05-1.12x; Zen 4 AVX-512: 1.07-1.43x), whose float32 FMAs are 128-bit (Zen 1) or
+// double-pumped (Zen 4). On an Intel Xeon with two 512-bit FMA ports MKL's GEMMs inside
+// LibTorch's flash attention win: 0.94x (hd 64), 0.57x (hd 80), 0.84x (Sapiens2) for the kernel.
+bool float32_kernel_pays_off() {
+  return host_cpu_features().amd || forced_attention() == "kernel";
 }
 
 at::Tensor libtorch_attention(const at::Tensor& q, at::Tensor k, at::Tensor v) {
@@ -685,7 +697,9 @@ CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd) {
   // Widest first: the AVX-512 tiles do twice the work per instruction of the AVX2 ones.
   for (CpuAttentionPath p :
        {CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
-    if (cpu_attention_runs(p, dtype, hd)) return p;
+    if (cpu_attention_runs(p, dtype, hd)) {
+      return dtype != at::kFloat || float32_kernel_pays_off() ? p : CpuAttentionPath::kLibTorch;
+    }
   }
   return CpuAttentionPath::kLibTorch;
 }
@@ -703,9 +717,15 @@ std::vector<std::string> cpu_attention_lines() {
   // Sapiens2 in float32 keeps LibTorch's attention on every CPU (v2/sapiens2.cpp says why).
   const std::string v2_keeps = " (Sapiens v1; Sapiens2: " + lib + ")";
   const bool avx2 = cpu_attention_runs(CpuAttentionPath::kAvx2, at::kFloat, 64);
-  lines.push_back("float32: " + (f.avx512_core() ? "the library's AVX-512 kernel" + v2_keeps
-                                 : avx2          ? "the library's AVX2 kernel" + v2_keeps
-                                        : lib + " (the library's kernel needs AVX2 and FMA)"));
+  const char* kernel = f.avx512_core() ? "AVX-512" : "AVX2";
+  lines.push_back(
+      "float32: " +
+      (!f.avx512_core() && !avx2 ? lib + " (the library's kernel needs AVX2 and FMA)"
+       : float32_kernel_pays_off()
+           ? std::string("the library's ") + kernel + " kernel" + v2_keeps
+           : lib + " (the library's " + kernel +
+                 " kernel is the faster in float32 on AMD cores only; SAPIENS_SEG_CPU_ATTENTION="
+                 "kernel forces it)"));
   lines.push_back("bfloat16: " +
                   (!f.avx512_core() ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
                    : f.avx512_bf16  ? std::string("the library's AVX512-BF16 kernel")

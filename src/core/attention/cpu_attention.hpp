@@ -27,9 +27,12 @@ enum class CpuAttentionPath {
 };
 const char* to_string(CpuAttentionPath path);
 
-// The path for `dtype` and head dim `hd` on this CPU (kLibTorch where the CPU lacks the
-// instructions, or for shapes the kernel does not cover); SAPIENS_SEG_CPU_ATTENTION=libtorch
-// forces kLibTorch, for A/B benchmarks.
+// The path for `dtype` and head dim `hd` on this CPU: kLibTorch where the CPU lacks the
+// instructions, for shapes the kernel does not cover, and for float32 on CPUs other than AMD's
+// (on an Intel Xeon with two FMA ports LibTorch's float32 attention, on MKL's GEMMs, ran
+// 1.06-1.75x faster than the kernel at hd 64 and 80; benchmarks/results/cpu-attention-xeon.json).
+// SAPIENS_SEG_CPU_ATTENTION=libtorch forces kLibTorch, =kernel the widest kernel the CPU runs
+// (A/B benchmarks, tests).
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd);
 
 // Whether `path` can run `dtype` with head dim `hd` on this CPU (kLibTorch always can). A CPU
