@@ -5,8 +5,8 @@
 #
 #   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|s2-0.4b-f32|s2-1b|memory-5b|readme]...
 #
-# v1-f32 and s2-0.4b-f32 are the protocol for CPUs without bf16 dot products (AVX2-only): float32
-# columns only; `all` runs v1 and s2-0.4b instead.
+# v1-f32 and s2-0.4b-f32 are the protocol for CPUs where the library refuses bfloat16 (AVX2-only,
+# Intel without AMX): float32 columns only; `all` runs v1 and s2-0.4b instead.
 #
 # Times on 2 cores (AVX512-BF16), measured 2026-12-01: fixtures and ONNX exports 30 min (1.4 +
 # 1.6 + 5.9 GB), probe 1 min, v1 30 min and s2-0.4b 25 min with SIZES=1024x768 (about twice
@@ -34,6 +34,9 @@ COMMON=(--batch 1 --warmup 1 --rounds 3 --calls 1 --load-repeats 1 --wait-quiet 
 # The sizes of the v1 and s2-0.4b runs; SIZES=1024x768 halves their time (the goals are stated
 # at 1024x768; the larger size adds the resizes and the full-size upsample + argmax).
 SIZES=${SIZES:-1024x768,3000x4000}
+# Appended to the v1, s2-0.4b and s2-1b result names, to keep another machine's run beside the
+# committed ones (TAG=-xeon: cpu-peers-full_0.3b-xeon-a.json).
+TAG=${TAG:-}
 
 log() { printf '[run_cpu_peers] %s\n' "$*" >&2; }
 
@@ -68,28 +71,38 @@ step_v1() {
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" \
     --modes original-python,original,portable --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-full_0.3b-a.json" --markdown "$RES/cpu-peers-full_0.3b-a.md"
+    --json "$RES/cpu-peers-full_0.3b$TAG-a.json" --markdown "$RES/cpu-peers-full_0.3b$TAG-a.md"
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" --onnx "$ONNX/full_0.3b_torchscript.onnx" \
     --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-full_0.3b-b.json" --markdown "$RES/cpu-peers-full_0.3b-b.md"
+    --json "$RES/cpu-peers-full_0.3b$TAG-b.json" --markdown "$RES/cpu-peers-full_0.3b$TAG-b.md"
 }
 
 cpu_isa() {
-  if grep -qw avx512f /proc/cpuinfo; then echo avx512-nobf16; elif grep -qw avx2 /proc/cpuinfo; then
+  if grep -qw avx512_bf16 /proc/cpuinfo; then
+    echo avx512bf16
+  elif grep -qw avx512f /proc/cpuinfo; then
+    echo avx512-nobf16
+  elif grep -qw avx2 /proc/cpuinfo; then
     echo avx2
   else
     echo x86-64
   fi
 }
 
+# OpenVINO's columns of s2-0.4b-f32's second run: its f32, plus its default precision where that
+# is not f32 (bf16 on CPUs with AVX512-BF16, whether or not the library allows it). v1-f32 keeps
+# f32 alone: a fifth column there would not fit in 24 GiB beside the other four.
+ov_modes() {
+  if grep -qw avx512_bf16 /proc/cpuinfo; then echo openvino; else echo openvino-f32; fi
+}
+
 step_v1_f32() {
-  # CPUs without bf16 dot products (AVX2-only: bfloat16 is refused, and OpenVINO's default
-  # precision is f32, the same graph as its f32 column): float32 only, in one run, since the four
-  # float32 columns fit in 24 GiB (peaks of 2026-12-02: 6.1 + 2.9 + 8.2 + 4.9 GB, never all at
-  # once). Result named after the ISA, beside the AVX-512 machines' runs.
+  # CPUs where the library refuses bfloat16 (AVX2-only; Intel without AMX): float32 only, in one
+  # run, since the float32 columns fit in 24 GiB (peaks of 2026-12-02: 6.1 + 2.9 + 8.2 + 4.9 GB,
+  # never all at once). Result named after the ISA (and TAG), beside the other machines' runs.
   local isa
-  isa=$(cpu_isa)
+  isa=$(cpu_isa)$TAG
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" --onnx "$ONNX/full_0.3b_torchscript.onnx" \
     --modes original-python,portable,onnxruntime,openvino-f32 --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
@@ -97,17 +110,17 @@ step_v1_f32() {
 }
 
 step_s2_04_f32() {
-  # Sapiens2 0.4b on CPUs without bf16 dot products: float32 only, in two runs for memory (the
+  # Sapiens2 0.4b where the library refuses bfloat16: float32 only, in two runs for memory (the
   # five columns' peaks of 2026-12-02 add up to about 20 GB), each with the library's column.
   local isa
-  isa=$(cpu_isa)
+  isa=$(cpu_isa)$TAG
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" \
     --modes original-python,portable,transformers --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
     --json "$RES/cpu-peers-s2_full_0.4b-$isa-a.json" \
     --markdown "$RES/cpu-peers-s2_full_0.4b-$isa-a.md"
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" --onnx "$ONNX/s2_full_0.4b.onnx" \
-    --modes portable,onnxruntime,openvino-f32 --dtype float32 \
+    --modes "portable,onnxruntime,$(ov_modes)" --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
     --json "$RES/cpu-peers-s2_full_0.4b-$isa-b.json" \
     --markdown "$RES/cpu-peers-s2_full_0.4b-$isa-b.md"
@@ -117,11 +130,11 @@ step_s2_04() {
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" \
     --modes original-python,portable,transformers --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_0.4b-a.json" --markdown "$RES/cpu-peers-s2_full_0.4b-a.md"
+    --json "$RES/cpu-peers-s2_full_0.4b$TAG-a.json" --markdown "$RES/cpu-peers-s2_full_0.4b$TAG-a.md"
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" --onnx "$ONNX/s2_full_0.4b.onnx" \
     --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_0.4b-b.json" --markdown "$RES/cpu-peers-s2_full_0.4b-b.md"
+    --json "$RES/cpu-peers-s2_full_0.4b$TAG-b.json" --markdown "$RES/cpu-peers-s2_full_0.4b$TAG-b.md"
 }
 
 step_s2_1b() {
@@ -129,11 +142,11 @@ step_s2_1b() {
   "$SC" --model "$FIX/s2_full_1b.safetensors" \
     --modes original-python,portable,transformers --dtype float32,bfloat16 \
     --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_1b-a.json" --markdown "$RES/cpu-peers-s2_full_1b-a.md"
+    --json "$RES/cpu-peers-s2_full_1b$TAG-a.json" --markdown "$RES/cpu-peers-s2_full_1b$TAG-a.md"
   "$SC" --model "$FIX/s2_full_1b.safetensors" --onnx "$ONNX/s2_full_1b.onnx" \
     --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
     --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_1b-b.json" --markdown "$RES/cpu-peers-s2_full_1b-b.md"
+    --json "$RES/cpu-peers-s2_full_1b$TAG-b.json" --markdown "$RES/cpu-peers-s2_full_1b$TAG-b.md"
 }
 
 step_memory_5b() {
@@ -152,6 +165,8 @@ step_readme() {
   for f in cpu-peers-full_0.3b-a cpu-peers-full_0.3b-b cpu-peers-full_0.3b-avx2 \
            cpu-peers-s2_full_0.4b-a cpu-peers-s2_full_0.4b-b \
            cpu-peers-s2_full_0.4b-avx2-a cpu-peers-s2_full_0.4b-avx2-b \
+           cpu-peers-full_0.3b-xeon-a cpu-peers-full_0.3b-xeon-b \
+           cpu-peers-s2_full_0.4b-avx512bf16-xeon-a cpu-peers-s2_full_0.4b-avx512bf16-xeon-b \
            cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
            cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
     [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
