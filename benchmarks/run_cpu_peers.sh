@@ -35,7 +35,8 @@ COMMON=(--batch 1 --warmup 1 --rounds 3 --calls 1 --load-repeats 1 --wait-quiet 
 # at 1024x768; the larger size adds the resizes and the full-size upsample + argmax).
 SIZES=${SIZES:-1024x768,3000x4000}
 # Appended to the v1, s2-0.4b and s2-1b result names, to keep another machine's run beside the
-# committed ones (TAG=-xeon: cpu-peers-full_0.3b-xeon-a.json).
+# committed ones (TAG=-xeon: cpu-peers-full_0.3b-xeon-a.json; the f32 steps put it after the ISA,
+# cpu-peers-full_0.3b-avx512bf16-xeon.json).
 TAG=${TAG:-}
 
 log() { printf '[run_cpu_peers] %s\n' "$*" >&2; }
@@ -165,7 +166,7 @@ step_readme() {
   for f in cpu-peers-full_0.3b-a cpu-peers-full_0.3b-b cpu-peers-full_0.3b-avx2 \
            cpu-peers-s2_full_0.4b-a cpu-peers-s2_full_0.4b-b \
            cpu-peers-s2_full_0.4b-avx2-a cpu-peers-s2_full_0.4b-avx2-b \
-           cpu-peers-full_0.3b-xeon-a cpu-peers-full_0.3b-xeon-b \
+           cpu-peers-full_0.3b-avx512bf16-xeon \
            cpu-peers-s2_full_0.4b-avx512bf16-xeon-a cpu-peers-s2_full_0.4b-avx512bf16-xeon-b \
            cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
            cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
