@@ -238,11 +238,21 @@ std::string cpu_dtype_unavailable_reason(const CpuCaps& c, at::ScalarType dtype)
            "measured 0.6x float32's on such a CPU)" +
            tail;
   }
-  // The instructions are there; oneDNN must also be allowed to use them (for bfloat16 on Intel,
-  // the AMX ones).
-  const bool vec = bf16 ? c.avx512_bf16 && c.amd() : c.avx512_fp16;
+  // float16 with AVX512-FP16 alone, on the same Xeon: LibTorch's float16 linear 1.03x float32
+  // (oneDNN accumulates in float32, so the half-width vectors buy nothing) and a whole v1 0.3b
+  // call 0.84x float32's (24.3 against 20.4 s, one process, alternating calls): a lower
+  // precision for no speed. Only AMX-FP16 makes float16 pay.
+  if (!bf16 && !(c.amx_tile && c.amx_fp16)) {
+    return "float16 would run slower than float32 on this CPU (" + c.model +
+           "): it has AVX512-FP16 but not AMX-FP16, and there LibTorch's float16 GEMMs are no "
+           "faster than float32's (measured 1.03x, and a whole call 0.84x, on such a CPU)" +
+           tail;
+  }
+  // The instructions are there; oneDNN must also be allowed to use them (for bfloat16 on Intel
+  // and for float16, the AMX ones).
+  const bool vec = bf16 && c.avx512_bf16 && c.amd();
   const OnednnIsa need = bf16 ? (vec ? OnednnIsa::kAvx512CoreBf16 : OnednnIsa::kAvx512CoreAmx)
-                              : (vec ? OnednnIsa::kAvx512CoreFp16 : OnednnIsa::kAvx512CoreAmxFp16);
+                              : OnednnIsa::kAvx512CoreAmxFp16;
   if (c.onednn_cap < need) {
     return name + ": this CPU has " + native_text(c, bf16) + " but oneDNN is capped below it (" +
            cap_text(c) + "; it needs " + isa_name(need) + " or higher), so " + name +

@@ -64,7 +64,8 @@ OnednnIsa parse_onednn_isa(const std::string& value);
 // Why the portable network cannot run `dtype` on this CPU at full speed, or "" when it can:
 // float32 always; bfloat16 where oneDNN may use native bfloat16 dot products that outrun
 // float32's FMAs: AMX-BF16, or AVX512-BF16 on AMD cores (on Intel cores without AMX, AVX512-BF16
-// runs LibTorch's bfloat16 GEMMs slower than float32); float16 with AVX512-FP16 or AMX-FP16.
+// runs LibTorch's bfloat16 GEMMs slower than float32); float16 with AMX-FP16 (AVX512-FP16 alone
+// runs it no faster than float32).
 std::string cpu_dtype_unavailable_reason(const CpuCaps& caps, at::ScalarType dtype);
 
 // One line per dtype for `info`: "float32: ..." with what it runs on or why it is refused.

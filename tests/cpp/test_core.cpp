@@ -22,6 +22,7 @@
 #include "core/checkpoint.hpp"
 #include "core/cpu_caps.hpp"
 #include "core/cpuid.hpp"
+#include "core/head/cpu_head.hpp"
 #include "core/mapped_file.hpp"
 #include "core/resize/resize.hpp"
 #include "core/resize/wheel_cubic.hpp"
@@ -347,6 +348,10 @@ const char* kSapphireRapids =  // AVX512-BF16, AVX512-FP16, AMX-BF16 (no AMX-FP1
     "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
     "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 "
     "avx512_fp16 amx_bf16 amx_tile amx_int8\n";
+const char* kGraniteRapids =  // + AMX-FP16
+    "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) 6980P\n"
+    "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 "
+    "avx512_fp16 amx_bf16 amx_tile amx_int8 amx_fp16\n";
 // Another of the build machines: an Intel Xeon (family 6, model 207) whose hypervisor hides AMX,
 // so only AVX512-BF16 and AVX512-FP16 are left (bfloat16 linear 0.60x float32 there).
 const char* kXeonNoAmx =
@@ -435,23 +440,27 @@ TEST(UnitCpuCaps, Bfloat16RefusedWhereItsDotProductsAreNoFasterThanFloat32) {
   core::CpuCaps unknown = caps_of(kZen4);
   unknown.vendor.clear();
   expect_has(reason(unknown, at::kBFloat16), {"unknown vendor", "AMX-BF16"});
-  // float16 keeps its rule there (F.linear 1.03x float32 on that Xeon: not slower).
-  EXPECT_EQ(reason(caps_of(kXeonNoAmx), at::kHalf), "");
 }
 
-TEST(UnitCpuCaps, Float16OnlyWithNativeFp16) {
+TEST(UnitCpuCaps, Float16OnlyWithAmxFp16) {
   expect_has(reason(caps_of(kZen4), at::kHalf),
              {"float16", "AVX512-FP16 or AMX-FP16", "AVX512-BF16", "EPYC 9654"});
   expect_has(reason(caps_of(kHaswell), at::kHalf), {"float16", "no AVX512"});
-  EXPECT_EQ(reason(caps_of(kSapphireRapids), at::kHalf), "");
+  // AVX512-FP16 alone: float16 GEMMs 1.03x float32, a whole call 0.84x, on the Xeon.
+  for (const char* cpu : {kXeonNoAmx, kSapphireRapids}) {
+    expect_has(reason(caps_of(cpu), at::kHalf),
+               {"float16", "AVX512-FP16 but not AMX-FP16", "0.84x", "use float32"});
+  }
+  EXPECT_EQ(reason(caps_of(kGraniteRapids), at::kHalf), "");
 }
 
 TEST(UnitCpuCaps, OnednnIsaCapRefusesWhatItHides) {
   // DNNL_MAX_CPU_ISA=AVX2 makes oneDNN behave as on an AVX2 CPU, whatever the flags say.
   expect_has(reason(caps_of(kZen4, "AVX2"), at::kBFloat16),
              {"capped", "DNNL_MAX_CPU_ISA=AVX2", "AVX512_CORE_BF16", "AVX512-BF16"});
-  expect_has(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kHalf),
-             {"AVX512-FP16", "AVX512_CORE_FP16"});
+  expect_has(reason(caps_of(kGraniteRapids, "AVX512_CORE_AMX"), at::kHalf),
+             {"capped", "AVX512_CORE_AMX_FP16"});
+  EXPECT_EQ(reason(caps_of(kGraniteRapids, "AVX512_CORE_AMX_FP16"), at::kHalf), "");
   // Intel's bfloat16 speed is AMX's: a cap below AMX refuses it, though AVX512-BF16 is allowed.
   expect_has(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kBFloat16),
              {"capped", "AVX512_CORE_AMX"});
@@ -470,7 +479,9 @@ TEST(UnitCpuCaps, InfoLinesSayWhy) {
   expect_has(lines[2], {"float16: no:", "AVX512-FP16"});
   const auto spr = core::cpu_dtype_lines(caps_of(kSapphireRapids));
   expect_has(spr[1], {"bfloat16: yes", "AVX512-BF16 and AMX-BF16"});
-  expect_has(spr[2], {"float16: yes", "AVX512-FP16"});
+  expect_has(spr[2], {"float16: no:", "AMX-FP16"});
+  expect_has(core::cpu_dtype_lines(caps_of(kGraniteRapids))[2],
+             {"float16: yes", "AVX512-FP16 and AMX-FP16"});
 }
 
 TEST(UnitCheckpoint, ConfigFromShapesAndGraph) {
@@ -550,6 +561,41 @@ TEST(UnitNetwork, CpuHeadPathRule) {
     expect_error([] { core::head::cpu_head_path(at::kFloat); }, ErrorCode::kInvalidInput,
                  {"SAPIENS_SEG_CPU_HEAD", "'mkl'"});
   });
+}
+
+// The fused head runs every dtype the network may have (float16 on CPUs with AMX-FP16; it once
+// read float16 maps as bfloat16), held to its own float32 result on the same weights.
+TEST(UnitNetwork, CpuHeadRunsEveryDtype) {
+  at::manual_seed(5);
+  const int64_t C = 32, gh = 6, gw = 4;
+  core::head::HeadWeights w;
+  int64_t in = C;
+  for (const int64_t out : {16, 16}) {
+    w.deconv_w.push_back(at::randn({in, out, 4, 4}) / std::sqrt(16.0 * double(in)));
+    in = out;
+  }
+  w.conv_w.push_back(at::randn({16, in, 1, 1}) / 4.0);
+  w.conv_b.push_back(at::randn({16}));
+  w.seg_w = at::randn({5, 16, 1, 1}) / 4.0;
+  w.seg_b = at::randn({5});
+  const at::Tensor feat = at::randn({1, gh * gw, C});
+  const at::Tensor ref =
+      core::head::CpuHead(w, core::head::CpuHeadPath::kGemm).forward(feat, gh, gw);
+  ASSERT_EQ(ref.sizes(), at::IntArrayRef({1, 5, gh * 4, gw * 4}));
+  for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+    core::head::HeadWeights wd = w;
+    for (auto* list : {&wd.deconv_w, &wd.conv_w, &wd.conv_b}) {
+      for (auto& t : *list) t = t.to(dtype);
+    }
+    wd.seg_w = wd.seg_w.to(dtype);
+    wd.seg_b = wd.seg_b.to(dtype);
+    const at::Tensor y = core::head::CpuHead(wd, core::head::CpuHeadPath::kGemm)
+                             .forward(feat.to(dtype), gh, gw)
+                             .to(at::kFloat);
+    const double d = (y - ref).abs().max().item<double>();
+    std::printf("fused head %s vs float32: max |diff| %.4f\n", c10::toString(dtype), d);
+    EXPECT_LE(d, (dtype == at::kHalf ? 0.02 : 0.1) * ref.abs().max().item<double>());
+  }
 }
 
 TEST(UnitNetwork, BFloat16StaysCloseToFloat32) {
