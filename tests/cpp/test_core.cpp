@@ -461,7 +461,7 @@ TEST(UnitCpuCaps, OnednnIsaCapRefusesWhatItHides) {
   expect_has(reason(caps_of(kGraniteRapids, "AVX512_CORE_AMX"), at::kHalf),
              {"capped", "AVX512_CORE_AMX_FP16"});
   EXPECT_EQ(reason(caps_of(kGraniteRapids, "AVX512_CORE_AMX_FP16"), at::kHalf), "");
-  // Intel's bfloat16 speed is AMX's: a cap below AMX refuses it, though AVX512-BF16 is allowed.
+  // Intel's bfloat16 speed is AMX's: a cap below AMX refuses it (AVX512-BF16 does not count there).
   expect_has(reason(caps_of(kSapphireRapids, "AVX512_CORE_BF16"), at::kBFloat16),
              {"capped", "AVX512_CORE_AMX"});
   EXPECT_EQ(reason(caps_of(kSapphireRapids, "AVX512_CORE_AMX"), at::kBFloat16), "");
