@@ -224,17 +224,32 @@ TEST(ParitySapiens2, FullSizeLogitsMatchForEveryFileVariant) {
   }
 }
 
+namespace {
+
+// The paths of the CPU's fused head this LibTorch runs (oneDNN's needs LibTorch with oneDNN).
+std::vector<core::head::CpuHeadPath> cpu_head_paths() {
+  std::vector<core::head::CpuHeadPath> paths{core::head::CpuHeadPath::kGemm};
+  if (at::hasMKLDNN()) paths.push_back(core::head::CpuHeadPath::kOnednn);
+  return paths;
+}
+
+// A CPU network of `dtype` whose fused head takes `path` (SAPIENS_SEG_CPU_HEAD at load).
+core::v2::Network network_with_head(const core::TensorMap& t, const core::v2::Config& cfg,
+                                    core::head::CpuHeadPath path, at::ScalarType dtype) {
+  return test::with_env("SAPIENS_SEG_CPU_HEAD", core::head::to_string(path),
+                        [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), dtype); });
+}
+
+}  // namespace
+
 // The CPU's fused head on both of its paths against the module's own head ops (what a traced
 // call runs) on the same network, so the backbone's sensitivity (bf16 RoPE) is out of the
 // comparison, and against the reference's logits.
 TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
   const auto t = open_tensors("s2_tiny.safetensors");
   const auto cfg = config_of(t);
-  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
-    if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
-    const core::v2::Network net = test::with_env(
-        "SAPIENS_SEG_CPU_HEAD", core::head::to_string(path),
-        [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), at::kFloat); });
+  for (const auto path : cpu_head_paths()) {
+    const core::v2::Network net = network_with_head(t, cfg, path, at::kFloat);
     ASSERT_EQ(net.cpu_head().path(), path);
     for (const auto& dir : full_size_dirs("s2_tiny")) {
       const at::Tensor x = library_input(dir).unsqueeze(0);
@@ -262,11 +277,8 @@ TEST(ParitySapiens2, Bfloat16CpuHeadAsCloseAsTheModulesHead) {
   }
   const auto t = open_tensors("s2_tiny.safetensors");
   const auto cfg = config_of(t);
-  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
-    if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
-    const core::v2::Network net = test::with_env(
-        "SAPIENS_SEG_CPU_HEAD", core::head::to_string(path),
-        [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), at::kBFloat16); });
+  for (const auto path : cpu_head_paths()) {
+    const core::v2::Network net = network_with_head(t, cfg, path, at::kBFloat16);
     ASSERT_EQ(net.cpu_head().path(), path);
     for (const auto& dir : full_size_dirs("s2_tiny")) {
       const at::Tensor x = library_input(dir).unsqueeze(0), r = ref(dir, "logits");
