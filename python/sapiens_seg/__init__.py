@@ -136,7 +136,8 @@ class SystemInfo:
     """One line per dtype of the portable mode on the CPU: ``"bfloat16: no: ..."`` with why."""
     cpu_attention: tuple[str, ...]
     """Per dtype, which attention the portable mode runs on the CPU: the library's AVX-512 or
-    AVX512-BF16 kernel, or LibTorch's (with what the kernel would need)."""
+    AVX512-BF16 kernel, or LibTorch's (with why: what the kernel would need, or where LibTorch's
+    is the faster, e.g. bfloat16 on AMX-BF16 tiles)."""
     wheel_cubic_path: str
     """The opencv-python wheel's ``INTER_CUBIC`` code path on this CPU (``"ipp-k0-icx"``, ...,
     ``"opencv"``): whose bytes the Sapiens2 resize reproduces here."""

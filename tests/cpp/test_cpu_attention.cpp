@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/attention/cpu_attention.hpp"
+#include "core/cpu_caps.hpp"
 #include "core/cpuid.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
@@ -88,9 +89,16 @@ TEST(UnitCpuAttention, PathFollowsTheCpu) {
   EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
                            [] { return cpu_attention_path(at::kFloat, 64); }),
             f32_kernel);
-  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64), f.avx512_core() && f.avx512_bf16
-                                                       ? CpuAttentionPath::kAvx512Bf16
-                                                       : CpuAttentionPath::kLibTorch);
+  // bfloat16 runs the kernel on CPUs with AVX512-BF16 but without AMX-BF16 (whose tiles make
+  // LibTorch's attention the faster); =kernel forces it there too.
+  const bool bf16_kernel = f.avx512_core() && f.avx512_bf16;
+  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64),
+            bf16_kernel && core::attention::bfloat16_kernel_beats_libtorch(core::cpu_caps())
+                ? CpuAttentionPath::kAvx512Bf16
+                : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
+                           [] { return cpu_attention_path(at::kBFloat16, 64); }),
+            bf16_kernel ? CpuAttentionPath::kAvx512Bf16 : CpuAttentionPath::kLibTorch);
   EXPECT_EQ(cpu_attention_runs(CpuAttentionPath::kAvx2, at::kFloat, 64), avx2);
   EXPECT_FALSE(cpu_attention_runs(CpuAttentionPath::kAvx2, at::kBFloat16, 64));   // float32 only
   EXPECT_EQ(cpu_attention_path(at::kFloat, 129), CpuAttentionPath::kLibTorch);    // over 8 vectors
@@ -98,6 +106,25 @@ TEST(UnitCpuAttention, PathFollowsTheCpu) {
   EXPECT_EQ(cpu_attention_path(at::kHalf, 64), CpuAttentionPath::kLibTorch);
   EXPECT_EQ(test::with_libtorch_attention([] { return cpu_attention_path(at::kFloat, 64); }),
             CpuAttentionPath::kLibTorch);
+}
+
+// The bfloat16 rule on other machines' /proc/cpuinfo flags: AMX-BF16 (tiles and their bfloat16
+// products) hands attention to LibTorch; AVX512-BF16 alone keeps the kernel.
+TEST(UnitCpuAttention, BFloat16KernelGivesWayToAmx) {
+  using core::attention::bfloat16_kernel_beats_libtorch;
+  const std::string avx512 =
+      "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+      "flags\t\t: avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 "
+      "avx512_fp16";
+  EXPECT_TRUE(bfloat16_kernel_beats_libtorch(core::parse_cpuinfo(avx512 + "\n")));
+  EXPECT_FALSE(bfloat16_kernel_beats_libtorch(
+      core::parse_cpuinfo(avx512 + " amx_bf16 amx_tile amx_int8\n")));
+  // AMX-INT8 alone (no bfloat16 tiles) does not count.
+  EXPECT_TRUE(bfloat16_kernel_beats_libtorch(core::parse_cpuinfo(avx512 + " amx_tile amx_int8\n")));
+  // Zen 4: AVX512-BF16, no AMX.
+  EXPECT_TRUE(bfloat16_kernel_beats_libtorch(core::parse_cpuinfo(
+      "vendor_id\t: AuthenticAMD\nflags\t\t: avx2 fma avx512f avx512dq avx512bw avx512vl "
+      "avx512_bf16\n")));
 }
 
 TEST(UnitCpuAttention, RefusesWhatItCannotRun) {

@@ -353,7 +353,11 @@ def test_system_info_describes_the_cpu():
     assert f32.startswith("float32: the library's AVX-512 kernel") == (avx512 and amd)
     assert f32.startswith("float32: the library's AVX2 kernel") == \
         (not avx512 and {"avx2", "fma"} <= flags and amd)
-    assert ("AVX512-BF16 kernel" in info.cpu_attention[1]) == (avx512 and "avx512_bf16" in flags)
+    # In bfloat16 on CPUs with AVX512-BF16 but not AMX-BF16 (whose tiles LibTorch's attention uses).
+    amx = {"amx_tile", "amx_bf16"} <= flags
+    assert info.cpu_attention[1].startswith("bfloat16: the library's AVX512-BF16 kernel") == \
+        (avx512 and "avx512_bf16" in flags and not amx)
+    assert ("AMX-BF16" in info.cpu_attention[1]) == (avx512 and "avx512_bf16" in flags and amx)
 
 
 def test_missing_files_raise_weights_not_found(model, tmp_path):

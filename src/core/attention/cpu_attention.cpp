@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../cpu_caps.hpp"
 #include "../cpuid.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -652,6 +653,10 @@ bool float32_kernel_pays_off() {
   return host_cpu_features().amd || forced_attention() == "kernel";
 }
 
+bool bfloat16_kernel_pays_off() {
+  return bfloat16_kernel_beats_libtorch(cpu_caps()) || forced_attention() == "kernel";
+}
+
 at::Tensor libtorch_attention(const at::Tensor& q, at::Tensor k, at::Tensor v) {
   const int64_t B = q.size(0), Hq = q.size(1), N = q.size(2), hd = q.size(3);
   if (k.size(1) != Hq) {
@@ -692,13 +697,24 @@ bool cpu_attention_runs(CpuAttentionPath path, at::ScalarType dtype, int64_t hd)
   }
 }
 
+// LibTorch's flash attention (2.15) computes its bfloat16 blocks with oneDNN's brgemm, which
+// issues AMX tile products where the CPU has AMX-BF16: on a 2-core Sapphire Rapids-class Xeon it
+// ran 3.3x (hd 64), 3.5x (hd 80) and 3.0x (hd 60) faster than the kernel's VDPBF16PS dot products
+// (benchmarks/results/cpu-attention-amx.json), and 2.3x faster than the kernel even with oneDNN
+// capped at AVX512_CORE (cpu-dtype-probe-amx.json): the instructions decide, not the cap.
+bool bfloat16_kernel_beats_libtorch(const CpuCaps& caps) {
+  return !(caps.amx_tile && caps.amx_bf16);
+}
+
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd) {
   if (forced_libtorch()) return CpuAttentionPath::kLibTorch;
   // Widest first: the AVX-512 tiles do twice the work per instruction of the AVX2 ones.
   for (CpuAttentionPath p :
        {CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
     if (cpu_attention_runs(p, dtype, hd)) {
-      return dtype != at::kFloat || float32_kernel_pays_off() ? p : CpuAttentionPath::kLibTorch;
+      const bool pays =
+          dtype == at::kFloat ? float32_kernel_pays_off() : bfloat16_kernel_pays_off();
+      return pays ? p : CpuAttentionPath::kLibTorch;
     }
   }
   return CpuAttentionPath::kLibTorch;
@@ -728,8 +744,11 @@ std::vector<std::string> cpu_attention_lines() {
                  "kernel forces it)"));
   lines.push_back("bfloat16: " +
                   (!f.avx512_core() ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
-                   : f.avx512_bf16  ? std::string("the library's AVX512-BF16 kernel")
-                                    : lib + " (the library's kernel needs AVX512-BF16)"));
+                   : !f.avx512_bf16 ? lib + " (the library's kernel needs AVX512-BF16)"
+                   : bfloat16_kernel_pays_off()
+                       ? std::string("the library's AVX512-BF16 kernel")
+                       : lib + " (on AMX-BF16 tiles, about 3x the library's AVX512-BF16 kernel; "
+                               "SAPIENS_SEG_CPU_ATTENTION=kernel forces the kernel)"));
   lines.push_back("float16: " + lib);
   return lines;
 }

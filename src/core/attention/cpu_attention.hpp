@@ -1,7 +1,8 @@
 // Scaled dot-product attention on the CPU for the portable network (no mask, scale 1/sqrt(hd)).
 //
 // LibTorch's CPU kernel (at::scaled_dot_product_attention) runs its blocks through generic GEMM
-// calls and gets no faster in bfloat16 than in float32 (benchmarks/cpu_dtype_probe.py). This one
+// calls and, without AMX, gets no faster in bfloat16 than in float32 (benchmarks/
+// cpu_dtype_probe.py; with AMX-BF16 its blocks run on the tiles and it wins, see below). This one
 // is written for the networks' shapes (thousands of tokens, head dims up to 128; the models use
 // 60 to 80): packed K and V per head, register-tiled AVX-512 dot products (VDPBF16PS for
 // bfloat16: bf16 products summed in float32; an AVX2 + FMA twin for float32 on CPUs without
@@ -17,6 +18,10 @@
 #include <string>
 #include <vector>
 
+namespace sapiens_seg::core {
+struct CpuCaps;
+}
+
 namespace sapiens_seg::core::attention {
 
 enum class CpuAttentionPath {
@@ -31,9 +36,14 @@ const char* to_string(CpuAttentionPath path);
 // instructions, for shapes the kernel does not cover, and for float32 on CPUs other than AMD's
 // (on an Intel Xeon with two FMA ports LibTorch's float32 attention, on MKL's GEMMs, ran
 // 1.06-1.75x faster than the kernel at hd 64 and 80; benchmarks/results/cpu-attention-xeon.json).
-// SAPIENS_SEG_CPU_ATTENTION=libtorch forces kLibTorch, =kernel the widest kernel the CPU runs
-// (A/B benchmarks, tests).
+// bfloat16 likewise keeps LibTorch's attention on CPUs with AMX-BF16 (bfloat16_kernel_beats_
+// libtorch). SAPIENS_SEG_CPU_ATTENTION=libtorch forces kLibTorch, =kernel the widest kernel the
+// CPU runs (A/B benchmarks, tests).
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd);
+
+// The bfloat16 half of that rule, for the CPU `caps` describes: false with AMX-BF16, whose tiles
+// LibTorch's own attention uses (about 3x the kernel's speed on a Sapphire Rapids-class Xeon).
+bool bfloat16_kernel_beats_libtorch(const CpuCaps& caps);
 
 // Whether `path` can run `dtype` with head dim `hd` on this CPU (kLibTorch always can). A CPU
 // may run several paths (an AVX-512 CPU runs the AVX2 one too): the tests hold each to the exact
