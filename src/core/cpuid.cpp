@@ -19,6 +19,7 @@ CpuFeatures cpu_features() {
   f.fma = (c >> 12) & 1;
   f.osxsave = (c >> 27) & 1;
   f.avx = (c >> 28) & 1;
+  f.f16c = (c >> 29) & 1;
   if (f.osxsave) {
     unsigned lo = 0, hi = 0;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));

@@ -18,7 +18,7 @@
 namespace sapiens_seg::core {
 
 struct CpuFeatures {
-  bool sse42 = false, avx = false, osxsave = false, fma = false;
+  bool sse42 = false, avx = false, osxsave = false, fma = false, f16c = false;
   bool avx2 = false, bmi1 = false, bmi2 = false;
   bool avx512f = false, avx512cd = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512_vpopcntdq = false;
@@ -33,6 +33,8 @@ struct CpuFeatures {
   bool zmm_os() const { return ymm_os() && (xcr0 & 0xE0) == 0xE0; }
   // AVX2 with FMA (Haswell, Zen 1 and later), usable: the resizes' and the attention's 8-wide code.
   bool avx2_fma() const { return ymm_os() && avx2 && fma; }
+  // ... and F16C (float16 <-> float32 conversions; every AVX2 CPU so far has it).
+  bool avx2_fma_f16c() const { return avx2_fma() && f16c; }
   // AVX-512 F/BW/DQ/VL with FMA (Skylake-X, Zen 4 and later), usable.
   bool avx512_core() const {
     return zmm_os() && fma && avx512f && avx512bw && avx512dq && avx512vl;

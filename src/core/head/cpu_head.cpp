@@ -11,54 +11,13 @@
 #include <ATen/Parallel.h>
 
 #include "../cpuid.hpp"
+#include "channel_ops.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::head {
 namespace {
 
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults, in both families' heads
-
-// Sums of (x - shift) and (x - shift)^2 per channel over `count` pixels of `C` values each,
-// pixel p at base + (p / group) * group_stride + (p % group) * C (groups skip the padding columns
-// of the deconvolution's output). One multi-threaded read pass: LibTorch's column reductions
-// (var_mean over dim 0) and an elementwise route both cost several passes over maps that do not
-// fit any cache.
-template <typename T>
-void shifted_sums(const T* base, int64_t count, int64_t group, int64_t group_stride, int64_t C,
-                  const float* shift, double* s1, double* s2) {
-  const int threads = at::get_num_threads();
-  std::vector<double> part(static_cast<size_t>(threads) * 2 * C, 0.0);
-  constexpr int64_t kBlock = 64;  // pixels summed in float before moving to double
-  at::parallel_for(0, (count + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-    double* d1 = part.data() + static_cast<size_t>(at::get_thread_num()) * 2 * C;
-    double* d2 = d1 + C;
-    std::vector<float> a1(static_cast<size_t>(C)), a2(static_cast<size_t>(C));
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      std::fill(a1.begin(), a1.end(), 0.0f);
-      std::fill(a2.begin(), a2.end(), 0.0f);
-      for (int64_t p = blk * kBlock; p < std::min(count, (blk + 1) * kBlock); ++p) {
-        const T* x = base + (p / group) * group_stride + (p % group) * C;
-        for (int64_t c = 0; c < C; ++c) {
-          const float d = static_cast<float>(x[c]) - shift[c];
-          a1[static_cast<size_t>(c)] += d;
-          a2[static_cast<size_t>(c)] += d * d;
-        }
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        d1[c] += a1[static_cast<size_t>(c)];
-        d2[c] += a2[static_cast<size_t>(c)];
-      }
-    }
-  });
-  for (int64_t c = 0; c < C; ++c) {
-    s1[c] = 0;
-    s2[c] = 0;
-    for (int t = 0; t < threads; ++t) {
-      s1[c] += part[static_cast<size_t>(t) * 2 * C + static_cast<size_t>(c)];
-      s2[c] += part[static_cast<size_t>(t) * 2 * C + static_cast<size_t>(C + c)];
-    }
-  }
-}
 
 // Per-channel mean and variance of an activation map, gathered tile by tile as it is produced.
 // Each tile is shifted by the mean seen so far, so the sum of squares does not cancel when
@@ -82,10 +41,7 @@ struct ChannelStats {
       m2.assign(static_cast<size_t>(C), 0.0);
     }
     std::vector<double> s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C));
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "head_stats", [&] {
-      shifted_sums(x.data_ptr<scalar_t>(), count, group, group_stride, C, shift.data(), s1.data(),
-                   s2.data());
-    });
+    shifted_sums(x, count, group, group_stride, shift.data(), s1.data(), s2.data());
     const double k = static_cast<double>(count), total = static_cast<double>(n) + k;
     for (size_t c = 0; c < static_cast<size_t>(C); ++c) {
       const double tm = shift[c] + s1[c] / k, tm2 = s2[c] - s1[c] * s1[c] / k;
@@ -119,24 +75,7 @@ constexpr int64_t kTileRows = 8192;
 // silu(x * scale + shift) into `out` (any layout, same shape as x), computed in float32.
 void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
                     const std::pair<at::Tensor, at::Tensor>& affine) {
-  if (out.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat) {
-    at::Tensor o = out;
-    at::addcmul_out(o, affine.second, x, affine.first);
-    at::silu_(o);
-    return;
-  }
-  // LibTorch's elementwise kernels run mixed bfloat16/float32 operands through a scalar path,
-  // three times slower than converting first and keeping every op in one dtype; chunks of the
-  // outer dimension keep the float32 copy small.
-  const int64_t per_row = std::max<int64_t>(1, x.numel() / std::max<int64_t>(1, x.size(0)));
-  const int64_t step = std::max<int64_t>(1, kTileRows * x.size(-1) / per_row);
-  for (int64_t r = 0; r < x.size(0); r += step) {
-    const int64_t n = std::min(step, x.size(0) - r);
-    at::Tensor f = x.narrow(0, r, n).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    at::addcmul_out(f, affine.second, f, affine.first);
-    at::silu_(f);
-    out.narrow(0, r, n).copy_(f);
-  }
+  norm_silu(out, x, affine.first, affine.second);
 }
 
 // One ConvTranspose2d(k4, s2, p1) of the head as four 2x2 sub-pixel convolutions, one per output
