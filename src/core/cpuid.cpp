@@ -1,5 +1,9 @@
 #include "cpuid.hpp"
 
+#include <string>
+
+#include "sapiens_seg/error.hpp"
+
 #ifdef SAPIENS_SEG_X86
 #include <cpuid.h>
 #endif
@@ -51,6 +55,45 @@ CpuFeatures cpu_features() {
 const CpuFeatures& host_cpu_features() {
   static const CpuFeatures f = cpu_features();
   return f;
+}
+
+const char* to_string(VecIsa isa) {
+  switch (isa) {
+    case VecIsa::kScalar:
+      return "scalar";
+    case VecIsa::kAvx2:
+      return "avx2";
+    case VecIsa::kAvx512:
+      return "avx512";
+    default:
+      return "auto";
+  }
+}
+
+bool vec_isa_runs(VecIsa isa) {
+  const CpuFeatures& f = host_cpu_features();
+  switch (isa) {
+    case VecIsa::kAvx512:
+      return f.avx512_core();
+    case VecIsa::kAvx2:
+      return f.avx2_fma_f16c();
+    default:
+      return true;
+  }
+}
+
+VecIsa resolve_vec_isa(VecIsa isa) {
+  if (isa == VecIsa::kAuto) {
+    for (const VecIsa i : {VecIsa::kAvx512, VecIsa::kAvx2}) {
+      if (vec_isa_runs(i)) return i;
+    }
+    return VecIsa::kScalar;
+  }
+  if (!vec_isa_runs(isa)) {
+    throw Error(ErrorCode::kInvalidInput,
+                std::string("the library's ") + to_string(isa) + " loops cannot run on this CPU");
+  }
+  return isa;
 }
 
 }  // namespace sapiens_seg::core

@@ -44,4 +44,14 @@ struct CpuFeatures {
 CpuFeatures cpu_features();              // this CPU, read on every call (all false off x86)
 const CpuFeatures& host_cpu_features();  // this CPU, read once
 
+// The vector code of the library's elementwise loops (head/channel_ops, v2/cpu_ops; see
+// cpu_vec.hpp). kAuto: the widest this CPU runs (AVX-512 F/BW/VL with FMA, else AVX2 with FMA and
+// F16C, else scalar). The others are for tests and A/B benchmarks.
+enum class VecIsa { kAuto, kScalar, kAvx2, kAvx512 };
+const char* to_string(VecIsa isa);
+bool vec_isa_runs(VecIsa isa);  // kAuto and kScalar always
+// kAuto as the widest this CPU runs; another as itself, or Error(kInvalidInput) where it cannot
+// run.
+VecIsa resolve_vec_isa(VecIsa isa);
+
 }  // namespace sapiens_seg::core

@@ -15,15 +15,14 @@
 #include "test_util.hpp"
 
 using namespace sapiens_seg;
-using core::head::ChannelIsa;
+using core::VecIsa;
 
 namespace {
 
-std::vector<ChannelIsa> isas_here() {
-  std::vector<ChannelIsa> out;
-  for (const ChannelIsa i :
-       {ChannelIsa::kAuto, ChannelIsa::kScalar, ChannelIsa::kAvx2, ChannelIsa::kAvx512}) {
-    if (core::head::channel_isa_runs(i)) out.push_back(i);
+std::vector<VecIsa> isas_here() {
+  std::vector<VecIsa> out;
+  for (const VecIsa i : {VecIsa::kAuto, VecIsa::kScalar, VecIsa::kAvx2, VecIsa::kAvx512}) {
+    if (core::vec_isa_runs(i)) out.push_back(i);
   }
   return out;
 }
@@ -49,7 +48,7 @@ TEST(UnitChannelOps, NormSiluMatchesLibTorchOnEveryIsa) {
     for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       const at::Tensor x = x32.to(dtype);
       const at::Tensor ref = reference(x, scale, shift, dtype).to(at::kFloat);
-      for (const ChannelIsa isa : isas_here()) {
+      for (const VecIsa isa : isas_here()) {
         const at::Tensor y = at::empty_like(x);
         core::head::norm_silu(y, x, scale, shift, isa);
         const at::Tensor yf = y.to(at::kFloat);
@@ -61,15 +60,14 @@ TEST(UnitChannelOps, NormSiluMatchesLibTorchOnEveryIsa) {
                                                     : 1.0 / 1024;
         const at::Tensor bound = ref.abs() * rel + 1e-6;
         const bool ok = (yf - ref).abs().le(bound).all().item<bool>();
-        EXPECT_TRUE(ok) << "C " << C << " " << c10::toString(dtype) << " "
-                        << core::head::to_string(isa) << ": max |diff| "
-                        << (yf - ref).abs().max().item<double>();
+        EXPECT_TRUE(ok) << "C " << C << " " << c10::toString(dtype) << " " << core::to_string(isa)
+                        << ": max |diff| " << (yf - ref).abs().max().item<double>();
         // ... which is rare: in the narrow dtypes almost every value is the reference's to the
         // bit (a conversion that truncated instead of rounding to nearest would miss about half).
         if (dtype != at::kFloat) {
           const double same = y.eq(ref.to(dtype)).to(at::kFloat).mean().item<double>();
           EXPECT_GE(same, 0.99) << "C " << C << " " << c10::toString(dtype) << " "
-                                << core::head::to_string(isa);
+                                << core::to_string(isa);
         }
       }
     }
@@ -78,8 +76,7 @@ TEST(UnitChannelOps, NormSiluMatchesLibTorchOnEveryIsa) {
 
 TEST(UnitChannelOps, VectorIsasAgreeToTheBit) {
   // The AVX2 and AVX-512 loops take the same steps (their own exp), so their results are equal.
-  if (!core::head::channel_isa_runs(ChannelIsa::kAvx2) ||
-      !core::head::channel_isa_runs(ChannelIsa::kAvx512)) {
+  if (!core::vec_isa_runs(VecIsa::kAvx2) || !core::vec_isa_runs(VecIsa::kAvx512)) {
     GTEST_SKIP() << "needs a CPU with both AVX2 and AVX-512";
   }
   at::manual_seed(12);
@@ -88,8 +85,8 @@ TEST(UnitChannelOps, VectorIsasAgreeToTheBit) {
   for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     const at::Tensor x = (at::randn({50, C}) * 10).to(dtype);
     const at::Tensor a = at::empty_like(x), b = at::empty_like(x);
-    core::head::norm_silu(a, x, scale, shift, ChannelIsa::kAvx2);
-    core::head::norm_silu(b, x, scale, shift, ChannelIsa::kAvx512);
+    core::head::norm_silu(a, x, scale, shift, VecIsa::kAvx2);
+    core::head::norm_silu(b, x, scale, shift, VecIsa::kAvx512);
     EXPECT_TRUE(at::equal(a, b)) << c10::toString(dtype);
   }
 }
@@ -100,18 +97,18 @@ TEST(UnitChannelOps, NormSiluWritesStridedViewsAndInPlace) {
   const at::Tensor scale = at::rand({C}) + 0.5, shift = at::randn({C});
   const at::Tensor x = at::randn({H, W, C});
   const at::Tensor ref = reference(x, scale, shift, at::kFloat);
-  for (const ChannelIsa isa : isas_here()) {
+  for (const VecIsa isa : isas_here()) {
     // The interior of a map padded by one pixel, as the deconvolution's input is laid out: the
     // padding must stay as it was.
     const at::Tensor padded = at::full({H + 2, W + 2, C}, 7.0f);
     const at::Tensor interior = padded.slice(0, 1, H + 1).slice(1, 1, W + 1);
     core::head::norm_silu(interior, x, scale, shift, isa);
-    EXPECT_TRUE(at::allclose(interior, ref, 1e-5, 1e-6)) << core::head::to_string(isa);
+    EXPECT_TRUE(at::allclose(interior, ref, 1e-5, 1e-6)) << core::to_string(isa);
     EXPECT_EQ(padded.eq(7.0f).sum().item<int64_t>(), ((H + 2) * (W + 2) - H * W) * C);
     // In place.
     const at::Tensor y = x.clone();
     core::head::norm_silu(y, y, scale, shift, isa);
-    EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-6)) << core::head::to_string(isa);
+    EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-6)) << core::to_string(isa);
   }
 }
 
@@ -122,12 +119,12 @@ TEST(UnitChannelOps, NormSiluSpecialValues) {
   const at::Tensor x = at::tensor({0.0f, -0.0f, 1.0f, -1.0f, 20.0f, -20.0f, 87.0f, -87.0f, 100.0f,
                                    -100.0f, 1e-30f, -1e-30f, inf, nan, 3e38f, -5.0f});
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (const ChannelIsa isa : isas_here()) {
+    for (const VecIsa isa : isas_here()) {
       const at::Tensor xd = x.to(dtype);
       const at::Tensor y = at::empty_like(xd);
       core::head::norm_silu(y, xd, scale, shift, isa);
       const at::Tensor yf = y.to(at::kFloat);
-      const std::string what = std::string(c10::toString(dtype)) + " " + core::head::to_string(isa);
+      const std::string what = std::string(c10::toString(dtype)) + " " + core::to_string(isa);
       EXPECT_TRUE(std::isnan(yf[13].item<float>())) << what;  // NaN stays NaN (bf16: 0x7FC0)
       EXPECT_EQ(yf[12].item<float>(), inf) << what;
       EXPECT_EQ(yf[0].item<float>(), 0.0f) << what;
@@ -162,15 +159,15 @@ TEST(UnitChannelOps, ShiftedSumsMatchFloat64OnEveryIsa) {
       const at::Tensor s = store.to(dtype);
       const at::Tensor d = used.to(dtype).to(at::kDouble) - sh.to(at::kDouble);
       const at::Tensor r1 = d.sum(0), r2 = (d * d).sum(0);
-      for (const ChannelIsa isa : isas_here()) {
+      for (const VecIsa isa : isas_here()) {
         std::vector<double> s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C));
         core::head::shifted_sums(s, count, group, (group + pad) * C, shift.data(), s1.data(),
                                  s2.data(), isa);
         const at::Tensor a1 = at::tensor(s1, at::kDouble), a2 = at::tensor(s2, at::kDouble);
         EXPECT_TRUE(at::allclose(a1, r1, 1e-5, 1e-3))
-            << C << " " << c10::toString(dtype) << " " << core::head::to_string(isa);
+            << C << " " << c10::toString(dtype) << " " << core::to_string(isa);
         EXPECT_TRUE(at::allclose(a2, r2, 1e-5, 1e-3))
-            << C << " " << c10::toString(dtype) << " " << core::head::to_string(isa);
+            << C << " " << c10::toString(dtype) << " " << core::to_string(isa);
       }
     }
   }
@@ -199,8 +196,8 @@ TEST(UnitChannelOps, RefusesWhatItCannotRun) {
         core::head::norm_silu(at::empty({8, 4}).t(), x, scale, shift);
       },
       ErrorCode::kInvalidInput, {"contiguous last dim"});
-  for (const ChannelIsa isa : {ChannelIsa::kAvx2, ChannelIsa::kAvx512}) {
-    if (core::head::channel_isa_runs(isa)) continue;
+  for (const VecIsa isa : {VecIsa::kAvx2, VecIsa::kAvx512}) {
+    if (core::vec_isa_runs(isa)) continue;
     test::expect_error(
         [&] {
           core::head::norm_silu(at::empty({4, 8}), x, scale, shift, isa);

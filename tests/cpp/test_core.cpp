@@ -617,8 +617,8 @@ TEST(UnitNetwork, BFloat16StaysCloseToFloat32) {
 // bfloat16 with the library's attention kernel against bfloat16 with LibTorch's attention, both
 // measured from the float32 network: the kernel may not take the network further from float32.
 TEST(UnitNetwork, BFloat16AttentionKernelAsCloseAsLibTorchs) {
-  if (core::attention::cpu_attention_path(at::kBFloat16, 32) ==
-      core::attention::CpuAttentionPath::kLibTorch) {
+  if (!core::attention::cpu_attention_runs(core::attention::CpuAttentionPath::kAvx512Bf16,
+                                           at::kBFloat16, 32)) {
     GTEST_SKIP() << "no AVX512-BF16 on this CPU: bfloat16 runs LibTorch's attention only";
   }
   const auto b = core::open_torchscript(fixture("tiny_a_torchscript.pt2"));
@@ -628,7 +628,10 @@ TEST(UnitNetwork, BFloat16AttentionKernelAsCloseAsLibTorchs) {
   at::manual_seed(4);
   const at::Tensor x = at::randn({1, 3, 256, 192});
   const at::Tensor a = f32.forward(x);
-  const at::Tensor k = bf16.forward(x).to(at::kFloat);
+  // Forced: on CPUs with AMX-BF16 bfloat16 runs LibTorch's attention by default.
+  const at::Tensor k = test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel", [&] {
+                         return bf16.forward(x);
+                       }).to(at::kFloat);
   const at::Tensor l =
       test::with_libtorch_attention([&] { return bf16.forward(x); }).to(at::kFloat);
   const double dk = (a - k).abs().mean().item<double>(), dl = (a - l).abs().mean().item<double>();

@@ -14,6 +14,7 @@
 #include "core/head/cpu_head.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
+#include "core/v2/cpu_ops.hpp"
 #include "core/v2/sapiens2.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
@@ -112,6 +113,84 @@ TEST(UnitSapiens2, PeriodsRebuiltInBf16EqualTheStoredBuffer) {
                 .dtype,
             core::SafetensorsDtype::kF32);
   EXPECT_TRUE(at::equal(core::v2::rope_periods(f32, config_of(f32)), stored));
+}
+
+// The one-pass RMSNorm of bfloat16/float16 maps (v2/cpu_ops) against LibTorch's at::rms_norm
+// (the module's op), on every instruction set this CPU runs: the same arithmetic in another
+// summation order, so almost every value is LibTorch's to the bit and the rest one step away.
+TEST(UnitSapiens2, OwnRmsNormIsLibTorchsOnEveryIsa) {
+  at::manual_seed(21);
+  // Sapiens2 0.4b's widths (C 1024, hd 64), a tail of half a vector (40), and an odd width.
+  for (const int64_t D : {1024, 64, 40, 7}) {
+    for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+      const at::Tensor x = (at::randn({2, 33, D}) * 3 + 0.5).to(dtype);
+      const at::Tensor w = (at::rand({D}) + 0.5).to(dtype);
+      const at::Tensor ref = at::rms_norm(x, {D}, w, 1e-6);
+      for (const auto isa : {core::VecIsa::kAuto, core::VecIsa::kScalar, core::VecIsa::kAvx2,
+                             core::VecIsa::kAvx512}) {
+        if (!core::vec_isa_runs(isa)) continue;
+        const at::Tensor y = core::v2::rms_norm_cpu(x, w, 1e-6, isa);
+        const std::string what =
+            std::to_string(D) + " " + c10::toString(dtype) + " " + core::to_string(isa);
+        ASSERT_EQ(y.sizes(), x.sizes()) << what;
+        const double same = y.eq(ref).to(at::kFloat).mean().item<double>();
+        EXPECT_GE(same, 0.98) << what;
+        // One step of the dtype at most (2^-7 relative for bfloat16, 2^-10 for float16).
+        const double step = dtype == at::kBFloat16 ? 1.0 / 128 : 1.0 / 1024;
+        const at::Tensor rf = ref.to(at::kFloat), yf = y.to(at::kFloat);
+        EXPECT_TRUE((yf - rf).abs().le(rf.abs() * step + 1e-6).all().item<bool>()) << what;
+      }
+    }
+  }
+  // A transposed view (the q and k heads before the library took their rows first) is the same.
+  const at::Tensor x = at::randn({1, 5, 3, 64}).to(at::kBFloat16);
+  const at::Tensor w = at::rand({64}).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(core::v2::rms_norm_cpu(x.transpose(1, 2), w, 1e-6),
+                        core::v2::rms_norm_cpu(x, w, 1e-6).transpose(1, 2)));
+  test::expect_error([&] { core::v2::rms_norm_cpu(x.to(at::kFloat), w, 1e-6); },
+                     ErrorCode::kInvalidInput, {"bfloat16 or float16"});
+  test::expect_error([&] { core::v2::rms_norm_cpu(x, w.to(at::kFloat), 1e-6); },
+                     ErrorCode::kInvalidInput, {"weight"});
+}
+
+// The one-pass SwiGLU gate (v2/cpu_ops) against the module's ops (at::silu on the first half,
+// at::mul by the second, each rounded to the dtype), on every instruction set this CPU runs.
+TEST(UnitSapiens2, OwnSwigluIsTheModulesOnEveryIsa) {
+  at::manual_seed(22);
+  for (const int64_t F : {4096, 64, 40, 7}) {  // 0.4b's width, tails of a vector, odd
+    for (const auto dtype : {at::kBFloat16, at::kHalf}) {
+      const at::Tensor g = (at::randn({37, 2 * F}) * 4).to(dtype);
+      const auto halves = g.chunk(2, -1);
+      const at::Tensor ref = at::silu(halves[0]).mul(halves[1]);
+      for (const auto isa : {core::VecIsa::kAuto, core::VecIsa::kScalar, core::VecIsa::kAvx2,
+                             core::VecIsa::kAvx512}) {
+        if (!core::vec_isa_runs(isa)) continue;
+        // Into the leading rows of a larger buffer, as the chunked MLP does.
+        const at::Tensor buf = at::full({40, F}, 9.0, dtype);
+        const at::Tensor out = buf.narrow(0, 0, 37);
+        core::v2::swiglu_cpu(out, g, isa);
+        const std::string what =
+            std::to_string(F) + " " + c10::toString(dtype) + " " + core::to_string(isa);
+        // The silu's exp differs from LibTorch's in the last float32 bits, which moves a rounding
+        // now and then: almost every value is the module's to the bit, the rest one step away.
+        EXPECT_GE(out.eq(ref).to(at::kFloat).mean().item<double>(), 0.98) << what;
+        const double step = dtype == at::kBFloat16 ? 1.0 / 64 : 1.0 / 512;
+        const at::Tensor rf = ref.to(at::kFloat), of = out.to(at::kFloat);
+        EXPECT_TRUE((of - rf).abs().le(rf.abs() * step + 1e-3).all().item<bool>()) << what;
+        EXPECT_TRUE(buf.narrow(0, 37, 3).eq(9.0).all().item<bool>()) << what;
+      }
+    }
+  }
+  test::expect_error(
+      [] {
+        core::v2::swiglu_cpu(at::empty({2, 4}), at::randn({2, 8}));
+      },
+      ErrorCode::kInvalidInput, {"bfloat16 or float16"});
+  test::expect_error(
+      [] {
+        core::v2::swiglu_cpu(at::empty({2, 3}, at::kBFloat16), at::randn({2, 8}).to(at::kBFloat16));
+      },
+      ErrorCode::kInvalidInput, {"half its width"});
 }
 
 TEST(UnitSapiens2, HuggingFaceNamesMapOntoTheAuthorsNames) {
@@ -304,14 +383,17 @@ TEST(ParitySapiens2, Bfloat16CpuHeadAsCloseAsTheModulesHead) {
 TEST(ParitySapiens2, Bfloat16AttentionKernelAsCloseAsLibTorchs) {
   const auto t = open_tensors("s2_tiny.safetensors");
   const auto cfg = config_of(t);
-  if (core::attention::cpu_attention_path(at::kBFloat16, cfg.head_dim) ==
-      core::attention::CpuAttentionPath::kLibTorch) {
+  if (!core::attention::cpu_attention_runs(core::attention::CpuAttentionPath::kAvx512Bf16,
+                                           at::kBFloat16, cfg.head_dim)) {
     GTEST_SKIP() << "no AVX512-BF16 on this CPU: bfloat16 runs LibTorch's attention only";
   }
   const auto net = core::make_portable_v2(t, cfg, c10::Device(c10::kCPU), at::kBFloat16);
   for (const auto& dir : full_size_dirs("s2_tiny")) {
     const at::Tensor x = library_input(dir).unsqueeze(0), r = ref(dir, "logits");
-    const at::Tensor k = net->forward(x).to(at::kFloat);
+    // Forced: on CPUs with AMX-BF16 bfloat16 runs LibTorch's attention by default.
+    const at::Tensor k = test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel", [&] {
+                           return net->forward(x);
+                         }).to(at::kFloat);
     const at::Tensor l =
         test::with_libtorch_attention([&] { return net->forward(x); }).to(at::kFloat);
     const double dk = (k - r).abs().mean().item<double>(), dl = (l - r).abs().mean().item<double>();

@@ -9,17 +9,16 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "../cpu_vec.hpp"
 #include "../cpuid.hpp"
 #include "sapiens_seg/error.hpp"
 
-#ifdef SAPIENS_SEG_X86
-#include <immintrin.h>
-#define SAPIENS_SEG_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#define SAPIENS_SEG_AVX2 __attribute__((target("avx2,fma,f16c")))
-#endif
-
 namespace sapiens_seg::core::head {
 namespace {
+
+#ifdef SAPIENS_SEG_X86
+using namespace vec;  // NOLINT(google-build-using-namespace): the vector helpers
+#endif
 
 // One row (C channels) of each pass, for one storage dtype and one instruction set. Pointers are
 // to the row's first element; the sums' accumulators a1, a2 hold at least C floats, rounded up
@@ -52,75 +51,19 @@ void sum_row_scalar(const void* xv, const float* shift, float* a1, float* a2, in
 
 #ifdef SAPIENS_SEG_X86
 
-// GCC 12's AVX-512 headers pass an undefined vector as the unused merge source of unmasked
-// conversions (cvtepu16, cvtph, slli), which -Wmaybe-uninitialized reports once inlined.
+// (See cpu_vec.hpp.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// exp(x) in float32, the same steps in both widths (so the AVX2 and AVX-512 loops agree to the
-// bit): n = round(x / ln 2), r = x - n ln 2 with ln 2 split in two (Cody and Waite), a degree-6
-// polynomial for exp(r) on |r| <= ln(2)/2 (Cephes' expf coefficients, about 1 ulp), times 2^n
-// built in the exponent bits. x is clamped to [-87.3, 88] so that 2^n stays a normal float; SiLU
-// needs nothing beyond: there 1 + exp(-z) only has to be huge or 1.
-constexpr float kExpLo = -87.3f, kExpHi = 88.0f, kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
-                kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
-
-// ---- AVX-512 (16 floats) ----
-
-SAPIENS_SEG_AVX512 inline __m512 load16(const float* p) {
-  return _mm512_loadu_ps(p);
-}
-SAPIENS_SEG_AVX512 inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-SAPIENS_SEG_AVX512 inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-SAPIENS_SEG_AVX512 inline void store16(float* p, __m512 v) {
-  _mm512_storeu_ps(p, v);
-}
-// Round to nearest even, NaN to the quiet NaN 0x7FC0: c10::BFloat16's own conversion.
-SAPIENS_SEG_AVX512 inline void store16(c10::BFloat16* p, __m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
-SAPIENS_SEG_AVX512 inline void store16(c10::Half* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-SAPIENS_SEG_AVX512 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kP0);
-  for (const float k : {kP1, kP2, kP3, kP4, kP5}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(k));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-SAPIENS_SEG_AVX512 inline __m512 norm_silu16(__m512 x, const float* scale, const float* shift) {
-  const __m512 z = _mm512_fmadd_ps(x, _mm512_loadu_ps(scale), _mm512_loadu_ps(shift));
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
-  return _mm512_div_ps(z, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+SAPIENS_SEG_VEC512 inline __m512 norm_silu16(__m512 x, const float* scale, const float* shift) {
+  return silu16(_mm512_fmadd_ps(x, _mm512_loadu_ps(scale), _mm512_loadu_ps(shift)));
 }
 
 // The last C % 16 channels go through a zero-padded copy of 16, so every load and store is a
 // whole vector (the sums' accumulators are padded to match).
 template <typename T>
-SAPIENS_SEG_AVX512 void norm_silu_row_avx512(const void* xv, void* yv, const float* scale,
+SAPIENS_SEG_VEC512 void norm_silu_row_avx512(const void* xv, void* yv, const float* scale,
                                              const float* shift, int64_t C) {
   const T* x = static_cast<const T*>(xv);
   T* y = static_cast<T*>(yv);
@@ -139,14 +82,14 @@ SAPIENS_SEG_AVX512 void norm_silu_row_avx512(const void* xv, void* yv, const flo
 }
 
 // (Lambdas do not inherit a function's target attribute, hence a function of its own.)
-SAPIENS_SEG_AVX512 inline void sum16(__m512 v, const float* shift, float* a1, float* a2) {
+SAPIENS_SEG_VEC512 inline void sum16(__m512 v, const float* shift, float* a1, float* a2) {
   const __m512 d = _mm512_sub_ps(v, _mm512_loadu_ps(shift));
   _mm512_storeu_ps(a1, _mm512_add_ps(_mm512_loadu_ps(a1), d));
   _mm512_storeu_ps(a2, _mm512_fmadd_ps(d, d, _mm512_loadu_ps(a2)));
 }
 
 template <typename T>
-SAPIENS_SEG_AVX512 void sum_row_avx512(const void* xv, const float* shift, float* a1, float* a2,
+SAPIENS_SEG_VEC512 void sum_row_avx512(const void* xv, const float* shift, float* a1, float* a2,
                                        int64_t C) {
   const T* x = static_cast<const T*>(xv);
   int64_t c = 0;
@@ -160,59 +103,13 @@ SAPIENS_SEG_AVX512 void sum_row_avx512(const void* xv, const float* shift, float
 
 // ---- AVX2 + FMA + F16C (8 floats) ----
 
-SAPIENS_SEG_AVX2 inline __m256 load8(const float* p) {
-  return _mm256_loadu_ps(p);
-}
-SAPIENS_SEG_AVX2 inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-SAPIENS_SEG_AVX2 inline __m256 load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-SAPIENS_SEG_AVX2 inline void store8(float* p, __m256 v) {
-  _mm256_storeu_ps(p, v);
-}
-SAPIENS_SEG_AVX2 inline void store8(c10::BFloat16* p, __m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
-  // Values fit 16 bits: packus keeps them; it packs within 128-bit lanes, hence the split.
-  const __m128i packed =
-      _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
-SAPIENS_SEG_AVX2 inline void store8(c10::Half* p, __m256 v) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-SAPIENS_SEG_AVX2 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kP0);
-  for (const float k : {kP1, kP2, kP3, kP4, kP5}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-SAPIENS_SEG_AVX2 inline __m256 norm_silu8(__m256 x, const float* scale, const float* shift) {
-  const __m256 z = _mm256_fmadd_ps(x, _mm256_loadu_ps(scale), _mm256_loadu_ps(shift));
-  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
-  return _mm256_div_ps(z, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+SAPIENS_SEG_VEC256 inline __m256 norm_silu8(__m256 x, const float* scale, const float* shift) {
+  return silu8(_mm256_fmadd_ps(x, _mm256_loadu_ps(scale), _mm256_loadu_ps(shift)));
 }
 
 template <typename T>
-SAPIENS_SEG_AVX2 void norm_silu_row_avx2(const void* xv, void* yv, const float* scale,
-                                         const float* shift, int64_t C) {
+SAPIENS_SEG_VEC256 void norm_silu_row_avx2(const void* xv, void* yv, const float* scale,
+                                           const float* shift, int64_t C) {
   const T* x = static_cast<const T*>(xv);
   T* y = static_cast<T*>(yv);
   int64_t c = 0;
@@ -229,15 +126,15 @@ SAPIENS_SEG_AVX2 void norm_silu_row_avx2(const void* xv, void* yv, const float* 
   }
 }
 
-SAPIENS_SEG_AVX2 inline void sum8(__m256 v, const float* shift, float* a1, float* a2) {
+SAPIENS_SEG_VEC256 inline void sum8(__m256 v, const float* shift, float* a1, float* a2) {
   const __m256 d = _mm256_sub_ps(v, _mm256_loadu_ps(shift));
   _mm256_storeu_ps(a1, _mm256_add_ps(_mm256_loadu_ps(a1), d));
   _mm256_storeu_ps(a2, _mm256_fmadd_ps(d, d, _mm256_loadu_ps(a2)));
 }
 
 template <typename T>
-SAPIENS_SEG_AVX2 void sum_row_avx2(const void* xv, const float* shift, float* a1, float* a2,
-                                   int64_t C) {
+SAPIENS_SEG_VEC256 void sum_row_avx2(const void* xv, const float* shift, float* a1, float* a2,
+                                     int64_t C) {
   const T* x = static_cast<const T*>(xv);
   int64_t c = 0;
   for (; c + 8 <= C; c += 8) sum8(load8(x + c), shift + c, a1 + c, a2 + c);
@@ -251,37 +148,23 @@ SAPIENS_SEG_AVX2 void sum_row_avx2(const void* xv, const float* shift, float* a1
 #pragma GCC diagnostic pop
 #endif  // SAPIENS_SEG_X86
 
-ChannelIsa resolve(ChannelIsa isa) {
-  if (isa == ChannelIsa::kAuto) {
-    for (const ChannelIsa i : {ChannelIsa::kAvx512, ChannelIsa::kAvx2}) {
-      if (channel_isa_runs(i)) return i;
-    }
-    return ChannelIsa::kScalar;
-  }
-  if (!channel_isa_runs(isa)) {
-    throw Error(ErrorCode::kInvalidInput,
-                std::string("the CPU head's ") + to_string(isa) + " loops cannot run on this CPU");
-  }
-  return isa;
-}
-
 constexpr int64_t kLanes = 16;  // the widest vector in floats: accumulator and shift padding
 
 template <typename T>
-NormRow norm_row_for(ChannelIsa isa) {
+NormRow norm_row_for(VecIsa isa) {
 #ifdef SAPIENS_SEG_X86
-  if (isa == ChannelIsa::kAvx512) return norm_silu_row_avx512<T>;
-  if (isa == ChannelIsa::kAvx2) return norm_silu_row_avx2<T>;
+  if (isa == VecIsa::kAvx512) return norm_silu_row_avx512<T>;
+  if (isa == VecIsa::kAvx2) return norm_silu_row_avx2<T>;
 #endif
   (void)isa;
   return norm_silu_row_scalar<T>;
 }
 
 template <typename T>
-SumRow sum_row_for(ChannelIsa isa) {
+SumRow sum_row_for(VecIsa isa) {
 #ifdef SAPIENS_SEG_X86
-  if (isa == ChannelIsa::kAvx512) return sum_row_avx512<T>;
-  if (isa == ChannelIsa::kAvx2) return sum_row_avx2<T>;
+  if (isa == VecIsa::kAvx512) return sum_row_avx512<T>;
+  if (isa == VecIsa::kAvx2) return sum_row_avx2<T>;
 #endif
   (void)isa;
   return sum_row_scalar<T>;
@@ -337,33 +220,8 @@ struct Rows {
 
 }  // namespace
 
-const char* to_string(ChannelIsa isa) {
-  switch (isa) {
-    case ChannelIsa::kScalar:
-      return "scalar";
-    case ChannelIsa::kAvx2:
-      return "avx2";
-    case ChannelIsa::kAvx512:
-      return "avx512";
-    default:
-      return "auto";
-  }
-}
-
-bool channel_isa_runs(ChannelIsa isa) {
-  const CpuFeatures& f = host_cpu_features();
-  switch (isa) {
-    case ChannelIsa::kAvx512:
-      return f.avx512_core();
-    case ChannelIsa::kAvx2:
-      return f.avx2_fma_f16c();
-    default:
-      return true;
-  }
-}
-
 void norm_silu(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale,
-               const at::Tensor& shift, ChannelIsa isa) {
+               const at::Tensor& shift, VecIsa isa) {
   if (!x.device().is_cpu() || !out.device().is_cpu() || out.sizes() != x.sizes() ||
       out.scalar_type() != x.scalar_type()) {
     throw Error(ErrorCode::kInvalidInput,
@@ -373,8 +231,9 @@ void norm_silu(const at::Tensor& out, const at::Tensor& x, const at::Tensor& sca
   check_cpu_float(scale, C, "norm_silu: scale");
   check_cpu_float(shift, C, "norm_silu: shift");
   const Rows xr(x), yr(out);
-  const NormRow row = for_dtype(x.scalar_type(), "norm_silu",
-                                [&](auto t) { return norm_row_for<decltype(t)>(resolve(isa)); });
+  const NormRow row = for_dtype(x.scalar_type(), "norm_silu", [&](auto t) {
+    return norm_row_for<decltype(t)>(resolve_vec_isa(isa));
+  });
   const int64_t elem = static_cast<int64_t>(x.element_size());
   const char* xb = static_cast<const char*>(x.const_data_ptr());
   char* yb = static_cast<char*>(out.data_ptr());
@@ -390,11 +249,12 @@ void norm_silu(const at::Tensor& out, const at::Tensor& x, const at::Tensor& sca
 }
 
 void shifted_sums(const at::Tensor& x, int64_t count, int64_t group, int64_t group_stride,
-                  const float* shift, double* s1, double* s2, ChannelIsa isa) {
+                  const float* shift, double* s1, double* s2, VecIsa isa) {
   const int64_t C = x.size(-1);
   const int64_t Cp = (C + kLanes - 1) / kLanes * kLanes;
-  const SumRow row = for_dtype(x.scalar_type(), "shifted_sums",
-                               [&](auto t) { return sum_row_for<decltype(t)>(resolve(isa)); });
+  const SumRow row = for_dtype(x.scalar_type(), "shifted_sums", [&](auto t) {
+    return sum_row_for<decltype(t)>(resolve_vec_isa(isa));
+  });
   const int64_t elem = static_cast<int64_t>(x.element_size());
   const char* base = static_cast<const char*>(x.const_data_ptr());
   std::vector<float> shift_p(static_cast<size_t>(Cp), 0.0f);

@@ -1,7 +1,8 @@
 // The CPU head's passes over [pixels, channels] maps that are not GEMMs: the per-channel sums
 // behind InstanceNorm's statistics, and normalise + SiLU. Each is one multi-threaded pass over the
 // map (one read, and for norm_silu one write), in float32 arithmetic for every storage dtype, with
-// AVX-512 or AVX2 loops compiled per function and picked by what the CPU runs (core/cpuid.hpp).
+// AVX-512 or AVX2 loops compiled per function and picked by what the CPU runs (`isa`: VecIsa in
+// core/cpuid.hpp).
 //
 // Why by hand: LibTorch needs two passes for normalise + SiLU in float32 (addcmul, then silu_) and
 // four in bfloat16 or float16 (its elementwise kernels take mixed bfloat16/float32 operands
@@ -14,21 +15,16 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace sapiens_seg::core::head {
+#include "../cpuid.hpp"
 
-// The vector code a call runs. kAuto: the widest this CPU runs (AVX-512 F/BW/VL with FMA, else
-// AVX2 with FMA and F16C, else scalar). The others are for tests and A/B benchmarks; asking for
-// one the CPU cannot run throws Error(kInvalidInput).
-enum class ChannelIsa { kAuto, kScalar, kAvx2, kAvx512 };
-const char* to_string(ChannelIsa isa);
-bool channel_isa_runs(ChannelIsa isa);  // kAuto and kScalar always
+namespace sapiens_seg::core::head {
 
 // out = silu(x * scale + shift), scale and shift per channel (x's last dim, float32 [C] on the
 // CPU). x and out: CPU, float32, bfloat16 or float16, the same dtype and shape, up to 3 dims, the
 // last contiguous (any strides elsewhere: out may be a view into a padded map); out may be x.
 // The result is rounded to the dtype once, from float32.
 void norm_silu(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale,
-               const at::Tensor& shift, ChannelIsa isa = ChannelIsa::kAuto);
+               const at::Tensor& shift, VecIsa isa = VecIsa::kAuto);
 
 // Per-channel sums of d = x - shift[c] and of d^2 over `count` pixels of C = x.size(-1) values,
 // pixel p at x.data + (p / group) * group_stride + (p % group) * C elements (groups skip padding
@@ -37,6 +33,6 @@ void norm_silu(const at::Tensor& out, const at::Tensor& x, const at::Tensor& sca
 // float32 over blocks of 64 pixels and in float64 across blocks; s1 and s2 ([C] each) are
 // overwritten.
 void shifted_sums(const at::Tensor& x, int64_t count, int64_t group, int64_t group_stride,
-                  const float* shift, double* s1, double* s2, ChannelIsa isa = ChannelIsa::kAuto);
+                  const float* shift, double* s1, double* s2, VecIsa isa = VecIsa::kAuto);
 
 }  // namespace sapiens_seg::core::head

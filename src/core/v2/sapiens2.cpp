@@ -13,6 +13,7 @@
 #include "../attention/cpu_attention.hpp"
 #include "../layout.hpp"
 #include "../mapped_file.hpp"
+#include "cpu_ops.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v2 {
@@ -21,6 +22,7 @@ namespace {
 constexpr double kRmsNormEps = 1e-6;       // every RMSNorm of the backbone, q/k-norm included
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
 constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
+constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the MLP (bfloat16 and float16 on the CPU)
 
 [[noreturn]] void refuse(const std::string& what) {
   throw Error(ErrorCode::kFormatError, "not a Sapiens2 segmentation checkpoint: " + what);
@@ -412,15 +414,48 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
       device_.is_cpu() && x.scalar_type() != at::kFloat
           ? attention::cpu_attention_path(x.scalar_type(), hd)
           : attention::CpuAttentionPath::kLibTorch;
+  // bfloat16 and float16 on the CPU: the library's one-pass RMSNorm and SwiGLU gate
+  // (v2/cpu_ops.hpp), LibTorch's arithmetic in a fraction of its passes, and the MLP in chunks of
+  // rows; float32 keeps the module's op sequence.
+  const bool own_ops = device_.is_cpu() && dtype_ != at::kFloat;
+  auto rms_norm = [&](const at::Tensor& t, const at::Tensor& w) {
+    return own_ops ? rms_norm_cpu(t, w, kRmsNormEps)
+                   : at::rms_norm(t, {t.size(-1)}, w, kRmsNormEps);
+  };
+  // x += w3(silu(g) * u) + b3 with [g | u] = w12(h) + b12, kMlpRows tokens at a time: the
+  // [rows, 2F] projection and the gate stay a few MB, reused block after block (one fresh
+  // [N, 2F] map per block cost a page fault per 4 KiB, and its bias copy alone 9 ms at 0.4b).
+  at::Tensor mlp_g, mlp_a;
+  auto mlp_cpu = [&](const Block& b, const at::Tensor& h) {
+    const int64_t M = B * N, F = b.w12_w.size(0) / 2;
+    if (!mlp_g.defined() || mlp_g.size(1) != 2 * F) {
+      mlp_g = at::empty({std::min(kMlpRows, M), 2 * F}, h.options());
+      mlp_a = at::empty({std::min(kMlpRows, M), F}, h.options());
+    }
+    const at::Tensor xm = x.view({M, C}), hm = h.view({M, C}), w12t = b.w12_w.t();
+    for (int64_t r = 0; r < M; r += kMlpRows) {
+      const int64_t n = std::min(kMlpRows, M - r);
+      at::Tensor g = mlp_g.narrow(0, 0, n);
+      at::addmm_out(g, b.w12_b, hm.narrow(0, r, n), w12t);
+      const at::Tensor a = mlp_a.narrow(0, 0, n);
+      swiglu_cpu(a, g);
+      xm.narrow(0, r, n).add_(at::linear(a, b.w3_w, b.w3_b));
+    }
+  };
+  // q and k: normalised per head over rows of hd, then viewed as [B, heads, N, hd]. The library's
+  // norm takes the projection's contiguous rows before the transpose (no copy); the module's
+  // takes the transposed view, as the authors' code does.
+  auto heads = [&](const at::Tensor& proj, int64_t n_heads, const at::Tensor& w) {
+    const at::Tensor t = proj.view({B, N, n_heads, hd});
+    return own_ops ? rms_norm(t, w).transpose(1, 2) : rms_norm(t.transpose(1, 2), w);
+  };
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const Block& b = blocks_[i];
     const int64_t kv = b.kv_heads;
-    at::Tensor h = at::rms_norm(x, {C}, b.ln1_w, kRmsNormEps);
-    at::Tensor q = at::linear(h, b.wq_w, b.wq_b).view({B, N, H, hd}).transpose(1, 2);
-    at::Tensor k = at::linear(h, b.wk_w, b.wk_b).view({B, N, kv, hd}).transpose(1, 2);
+    at::Tensor h = rms_norm(x, b.ln1_w);
+    at::Tensor q = rope(heads(at::linear(h, b.wq_w, b.wq_b), H, b.q_norm_w));
+    at::Tensor k = rope(heads(at::linear(h, b.wk_w, b.wk_b), kv, b.k_norm_w));
     at::Tensor v = at::linear(h, b.wv_w, b.wv_b).view({B, N, kv, hd}).transpose(1, 2);
-    q = rope(at::rms_norm(q, {hd}, b.q_norm_w, kRmsNormEps));
-    k = rope(at::rms_norm(k, {hd}, b.k_norm_w, kRmsNormEps));
     at::Tensor o;
     if (device_.is_cpu()) {  // takes the grouped kv heads as they are
       o = attention::cpu_attention(q, k, v, attn_path).view({B, N, C});
@@ -432,15 +467,19 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
       o = at::scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape({B, N, C});
     }
     x = x + at::linear(o, b.proj_w, b.proj_b).mul(b.gamma);
-    h = at::rms_norm(x, {C}, b.ln2_w, kRmsNormEps);
-    // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.
-    const auto halves = at::linear(h, b.w12_w, b.w12_b).chunk(2, -1);
-    x = x + at::linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
+    h = rms_norm(x, b.ln2_w);
+    if (own_ops) {
+      mlp_cpu(b, h);
+    } else {
+      // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.
+      const auto halves = at::linear(h, b.w12_w, b.w12_b).chunk(2, -1);
+      x = x + at::linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
+    }
     if (trace) {
       trace->put((i < 10 ? "block_0" : "block_") + std::to_string(i), x);
     }
   }
-  x = at::rms_norm(x, {C}, ln_w_, kRmsNormEps);
+  x = rms_norm(x, ln_w_);
   if (trace) trace->put("final_norm", x);
   // The CPU's fused head (head/cpu_head.hpp) has no stage outputs to trace; a trace takes the
   // module's own ops below, as every other device does.
