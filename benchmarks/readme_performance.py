@@ -133,8 +133,9 @@ def section_for(report: dict, path: str) -> list[str]:
     # The widest vector ISA in the title too: the same model's runs on an AVX512-BF16 machine and
     # on an AVX2-only one stand side by side, and their ratios differ.
     flags = set(meta.get("isa_flags") or [])
-    isa = ("AVX512-BF16" if meta["avx512_bf16"] else "AVX-512" if "avx512f" in flags
-           else "AVX2 only" if "avx2" in flags else "")
+    # AMX-BF16 above all: there bfloat16 runs on tiles, 4-5x float32 (README "CPU dtypes").
+    isa = ("AMX-BF16" if "amx_bf16" in flags else "AVX512-BF16" if meta["avx512_bf16"]
+           else "AVX-512" if "avx512f" in flags else "AVX2 only" if "avx2" in flags else "")
     if isa and not meta["quick"]:
         # The vendor too: AMD's and Intel's AVX-512 cores differ (twice the float32 FMA rate on
         # the Intel Xeon; bfloat16 refused there, see README "CPU dtypes").
