@@ -422,9 +422,11 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
     return own_ops ? rms_norm_cpu(t, w, kRmsNormEps)
                    : at::rms_norm(t, {t.size(-1)}, w, kRmsNormEps);
   };
-  // x += w3(silu(g) * u) + b3 with [g | u] = w12(h) + b12, kMlpRows tokens at a time: the
-  // [rows, 2F] projection and the gate stay a few MB, reused block after block (one fresh
-  // [N, 2F] map per block cost a page fault per 4 KiB, and its bias copy alone 9 ms at 0.4b).
+  // x += w3(silu(g) * u) + b3 with [g | u] = w12(h) + b12, kMlpRows tokens at a time into two
+  // buffers reused block after block, the gate in one pass (swiglu_cpu). The module's ops made a
+  // fresh [N, 2F] map per block and three passes over it: at 0.4b in bfloat16 on an AMX Xeon the
+  // bias copy into it took 213 ms a call, the SiLU of its strided half 193 ms, the product 202 ms
+  // (benchmarks/results/cpu-profile-s2_full_0.4b-amx.json has the totals).
   at::Tensor mlp_g, mlp_a;
   auto mlp_cpu = [&](const Block& b, const at::Tensor& h) {
     const int64_t M = B * N, F = b.w12_w.size(0) / 2;
