@@ -88,6 +88,8 @@ void run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, double e
 #ifdef SAPIENS_SEG_X86
   if (isa == VecIsa::kAvx512) row = row_avx512<T>;
   if (isa == VecIsa::kAvx2) row = row_avx2<T>;
+#else
+  (void)isa;  // vector loops are x86 only
 #endif
   const int64_t D = x.size(-1), rows = x.numel() / std::max<int64_t>(D, 1);
   const T* xp = x.const_data_ptr<T>();
@@ -147,6 +149,8 @@ void run_swiglu(const at::Tensor& out, const at::Tensor& g, VecIsa isa) {
 #ifdef SAPIENS_SEG_X86
   if (isa == VecIsa::kAvx512) row = swiglu_row_avx512<T>;
   if (isa == VecIsa::kAvx2) row = swiglu_row_avx2<T>;
+#else
+  (void)isa;
 #endif
   const int64_t F = out.size(-1), rows = out.numel() / std::max<int64_t>(F, 1);
   const T* gp = g.const_data_ptr<T>();
