@@ -170,6 +170,7 @@ step_readme() {
            cpu-peers-s2_full_0.4b-avx512bf16-xeon-a cpu-peers-s2_full_0.4b-avx512bf16-xeon-b \
            cpu-peers-full_0.3b-amx-a cpu-peers-full_0.3b-amx-b \
            cpu-peers-s2_full_0.4b-amx-a cpu-peers-s2_full_0.4b-amx-b \
+           cpu-peers-full_0.3b-amx-3000x4000 \
            cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
            cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
     [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
