@@ -697,11 +697,12 @@ bool cpu_attention_runs(CpuAttentionPath path, at::ScalarType dtype, int64_t hd)
   }
 }
 
-// LibTorch's flash attention (2.15) computes its bfloat16 blocks with oneDNN's brgemm, which
-// issues AMX tile products where the CPU has AMX-BF16: on a 2-core Sapphire Rapids-class Xeon it
-// ran 3.3x (hd 64), 3.5x (hd 80) and 3.0x (hd 60) faster than the kernel's VDPBF16PS dot products
-// (benchmarks/results/cpu-attention-amx.json), and 2.3x faster than the kernel even with oneDNN
-// capped at AVX512_CORE (cpu-dtype-probe-amx.json): the instructions decide, not the cap.
+// LibTorch's flash attention (2.15) reaches the AMX tiles for its bfloat16 blocks where the CPU
+// has AMX-BF16 (through oneDNN's brgemm, as far as its speed tells: 2.86x its own float32 there,
+// 0.63x on a Xeon without AMX; benchmarks/results/cpu-dtype-probe-*.json). On a 2-core Sapphire
+// Rapids-class Xeon it ran 3.3x (hd 64), 3.5x (hd 80) and 3.0x (hd 60) faster than the kernel's
+// VDPBF16PS dot products (benchmarks/results/cpu-attention-amx.json), and with oneDNN capped at
+// AVX512_CORE it still ran 2.3x its float32: the instructions decide, not the cap.
 bool bfloat16_kernel_beats_libtorch(const CpuCaps& caps) {
   return !(caps.amx_tile && caps.amx_bf16);
 }
