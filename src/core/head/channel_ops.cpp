@@ -26,7 +26,7 @@ using namespace vec;  // NOLINT(google-build-using-namespace): the vector helper
 using NormRow = void (*)(const void* x, void* y, const float* scale, const float* shift, int64_t C);
 using SumRow = void (*)(const void* x, const float* shift, float* a1, float* a2, int64_t C);
 
-// ---- scalar: any CPU, the reference the vector loops are tested against ----------------------
+// ---- scalar: any CPU (tested, like the vector loops, against LibTorch's own ops) -------------
 
 template <typename T>
 void norm_silu_row_scalar(const void* xv, void* yv, const float* scale, const float* shift,
