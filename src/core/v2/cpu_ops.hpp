@@ -5,8 +5,9 @@
 // LibTorch 2.15 runs at::rms_norm on the CPU as a chain of elementwise ops: the map widened to
 // float32, then pow, mean, add, rsqrt, two multiplies and the narrowing, each a pass over a fresh
 // tensor. On a 2-core Sapphire Rapids-class Xeon that took 8.7 ms for one [3081, 1024] bfloat16
-// map (three such norms per block, plus the q and k norms): about 15 % of a Sapiens2 0.4b
-// bfloat16 call once AMX made its GEMMs cheap. This computes the same arithmetic row by row,
+// map, and about 8 ms for the q norm's narrower rows (two such full-width norms per block, plus
+// the q and k norms): by those one-off timings some 15 % of a 4.4 s Sapiens2 0.4b bfloat16 call
+// once AMX made its GEMMs cheap. This computes the same arithmetic row by row,
 // y = round((x * rsqrt(mean(x^2) + eps)) * w) in float32 with one rounding to the map's dtype
 // (checked against at::rms_norm's bytes in the tests). float32 maps keep at::rms_norm: the
 // network's float32 path is the authors' op sequence, whose bf16 RoPE rounding makes any
