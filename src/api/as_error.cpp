@@ -11,6 +11,14 @@
 
 #include <opencv2/core.hpp>
 
+// oneDNN (LibTorch's CPU convolutions, and its bf16 GEMMs) throws its own exception type, whose
+// text ("could not create a primitive") does not say why; its status does. The header ships with
+// LibTorch's x86 builds.
+#if __has_include(<oneapi/dnnl/dnnl_common.hpp>)
+#include <oneapi/dnnl/dnnl_common.hpp>
+#define SAPIENS_SEG_HAS_DNNL 1
+#endif
+
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg {
@@ -56,6 +64,17 @@ Error as_error(const std::exception_ptr& e, const std::string& context) {
     return Error(ErrorCode::kInternal, join(context, what));
   } catch (const std::bad_alloc&) {
     return Error(ErrorCode::kOutOfMemory, join(context, "out of memory (an allocation failed)"));
+#ifdef SAPIENS_SEG_HAS_DNNL
+  } catch (const dnnl::error& err) {
+    // Under memory pressure oneDNN fails while building a primitive (its JIT code buffer or its
+    // descriptors), with dnnl_out_of_memory and the same text as any other failure.
+    const std::string what = std::string("oneDNN: ") + first_line(err.what());
+    if (err.status == dnnl_out_of_memory) {
+      return Error(ErrorCode::kOutOfMemory, join(context, "out of memory: " + what));
+    }
+    return Error(ErrorCode::kInternal,
+                 join(context, what + " (status " + std::to_string(err.status) + ")"));
+#endif
   } catch (const cv::Exception& err) {
     if (err.code == cv::Error::StsNoMem) {
       return Error(ErrorCode::kOutOfMemory, join(context, "out of memory: " + err.msg));

@@ -17,6 +17,7 @@
 
 #include "../core/backends.hpp"
 #include "../core/checkpoint.hpp"
+#include "../core/onednn_thread.hpp"
 #include "../core/resize/resize.hpp"
 #include "../core/safetensors.hpp"
 #include "../core/tensor_ops.hpp"
@@ -446,7 +447,10 @@ std::string describe(const Input& input, std::size_t i) {
 
 at::Tensor run_network(const core::Runner& runner, const at::Tensor& x, bool on_device) {
   try {
-    return on_device ? runner.forward_device(x) : runner.forward(x);
+    const auto forward = [&] { return on_device ? runner.forward_device(x) : runner.forward(x); };
+    // oneDNN (the CPU's convolutions) cannot build new primitives on a thread where it once ran
+    // out of memory; such a call moves to a fresh thread. CUDA work stays on the caller's stream.
+    return runner.device().is_cpu() ? core::run_clear_of_onednn_failures(forward) : forward();
   } catch (...) {
     throw as_error(std::current_exception(),
                    "inference failed on a batch of " + std::to_string(x.size(0)) + " image(s)");

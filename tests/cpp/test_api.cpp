@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "sapiens_seg/sapiens_seg.hpp"
 #include "test_util.hpp"
@@ -517,4 +519,49 @@ TEST(UnitApi, ACardThatDisagreesWithItsCheckpointSaysSo) {
                {"the card 'fixture-tiny-b'", "gives the input size 256x192", "16x12 grid",
                 "position embedding has 3072 tokens", "does not describe this checkpoint"});
   fs::remove_all(tmp);
+}
+
+// A batch that runs out of memory inside oneDNN (LibTorch's CPU convolutions) leaves the calling
+// thread unable to build any new oneDNN primitive. The model must still work from that same
+// thread once memory is back, and the failure must say out_of_memory. Each try runs in a child
+// under an address-space cap a little above what it maps, raised until a failure comes from
+// oneDNN (tighter caps fail earlier, in the image decode or LibTorch's allocator).
+TEST(UnitApi, OutOfMemoryInsideOneDnnLeavesTheModelUsableOnTheSameThread) {
+  LoadOptions o;
+  o.mode = Mode::kPortable;
+  o.device = "cpu";
+  o.threads = 1;  // an OpenMP pool does not survive fork
+  const Model m = load_fixture("tiny_a", o);
+  const Input in = Input::file(fixture("images/synth_300x211.png"));
+  const Result one = m.segment(in);  // batch 1 only: a batch of two is new to oneDNN's cache
+  const std::vector<Input> two = {in, in};
+  std::optional<std::string> spoilt;
+  std::string last;
+  for (std::size_t kib = 0; kib <= 16384 && !spoilt; kib += 32) {
+    const auto answer = test::in_child_process([&]() -> std::string {
+      if (!test::cap_address_space(kib << 10)) return "no cap";
+      std::string capped = "ok";
+      try {
+        (void)m.segment(two);
+      } catch (const Error& e) {
+        capped = std::string(to_string(e.code())) + ": " + e.what();
+      }
+      if (!test::lift_address_space_cap()) return "no lift";
+      std::string again;
+      try {
+        const auto r = m.segment(two);
+        again = r[0].labels == one.labels && r[1].labels == one.labels ? "same" : "differs";
+      } catch (const Error& e) {
+        again = std::string(to_string(e.code())) + ": " + e.what();
+      }
+      return again + " | " + capped;
+    });
+    ASSERT_TRUE(answer) << "the child died at a cap of +" << kib << " KiB";
+    ASSERT_NE(answer->rfind("no ", 0), 0u) << *answer;
+    last = *answer;
+    if (answer->find("oneDNN") != std::string::npos) spoilt = answer;
+    if (answer->ends_with("| ok")) break;  // fitted: no cap left to try
+  }
+  ASSERT_TRUE(spoilt) << "no cap made oneDNN itself fail; the last answer: " << last;
+  EXPECT_EQ(spoilt->rfind("same | out_of_memory: ", 0), 0u) << *spoilt;
 }

@@ -5,13 +5,21 @@
 #include <c10/util/Exception.h>
 
 #include <new>
+#include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <opencv2/core.hpp>
 
 #include "sapiens_seg/error.hpp"
+#include "test_util.hpp"
+
+#if __has_include(<oneapi/dnnl/dnnl_common.hpp>)
+#include <oneapi/dnnl/dnnl_common.hpp>
+#endif
 
 using namespace sapiens_seg;
 
@@ -79,4 +87,67 @@ TEST(UnitErrors, OtherExceptionsBecomeInternalAndErrorsStayAsTheyAre) {
   EXPECT_EQ(convert(std::logic_error("bug")).code(), ErrorCode::kInternal);
   EXPECT_EQ(convert(42).code(), ErrorCode::kInternal);
   EXPECT_EQ(as_error(nullptr, "x").code(), ErrorCode::kInternal);
+}
+
+// What the CLI's out-of-memory test once met on a test machine: under an address-space cap, oneDNN
+// (LibTorch's float32 convolutions) cannot build a primitive and throws its own exception type,
+// whose text, "could not create a primitive", does not say why. A float32 convolution of a shape
+// never run before is called under caps rising from what the process already uses until it
+// fits: every failure on the way must be out_of_memory, and the tightest caps must reach oneDNN
+// itself (else this test would not guard that path).
+TEST(UnitErrors, OneDnnFailuresUnderAnAddressSpaceCapAreOutOfMemory) {
+  if (!at::hasMKLDNN()) GTEST_SKIP() << "this LibTorch has no oneDNN";
+  // One thread: OpenMP's pool does not survive fork, and a single-threaded call needs no pool.
+  at::set_num_threads(1);
+  const at::Tensor x = at::randn({8, 64, 96, 96});
+  const at::Tensor w = at::randn({64, 64, 3, 3});
+  (void)at::conv2d(x.slice(0, 0, 1), w, {}, 1, 1);  // oneDNN's one-time set-up, batch 1 only
+
+  std::vector<std::size_t> caps;
+  for (std::size_t kib = 0; kib < 2048; kib += 32) caps.push_back(kib << 10);
+  for (std::size_t mib = 2; mib <= 128; ++mib) caps.push_back(mib << 20);
+  int failures = 0;
+  int from_onednn = 0;
+  bool fitted = false;
+  for (const std::size_t slack : caps) {
+    // The child answers "ok", or the failure's code and text.
+    const std::optional<std::string> answer = test::in_child_process([&]() -> std::string {
+      if (!test::cap_address_space(slack)) return "no cap";
+      try {
+        (void)at::conv2d(x, w, {}, 1, 1);
+        return "ok";
+      } catch (...) {
+        const Error e = as_error(std::current_exception(), "capped");
+        return std::to_string(static_cast<int>(e.code())) + " " + e.what();
+      }
+    });
+    ASSERT_TRUE(answer) << "the capped child died (slack " << slack << " bytes)";
+    ASSERT_NE(*answer, "no cap");
+    if (*answer == "ok") {
+      fitted = true;
+      break;
+    }
+    ++failures;
+    EXPECT_EQ(answer->substr(0, answer->find(' ')),
+              std::to_string(static_cast<int>(ErrorCode::kOutOfMemory)))
+        << slack << ": " << *answer;
+    if (answer->find("oneDNN") != std::string::npos) ++from_onednn;
+  }
+  EXPECT_TRUE(fitted) << "the convolution never fitted under a cap of +128 MiB";
+  EXPECT_GT(failures, 0);
+  EXPECT_GT(from_onednn, 0) << "no cap made oneDNN itself fail; " << failures
+                            << " failures, all in LibTorch's allocator";
+}
+
+TEST(UnitErrors, OneDnnStatusesOtherThanMemoryStayInternal) {
+#if __has_include(<oneapi/dnnl/dnnl_common.hpp>)
+  const Error oom = convert(dnnl::error(dnnl_out_of_memory, "could not create a primitive"));
+  EXPECT_EQ(oom.code(), ErrorCode::kOutOfMemory) << oom.what();
+  EXPECT_TRUE(contains(oom, "could not create a primitive")) << oom.what();
+  const Error bad = convert(dnnl::error(dnnl_invalid_arguments, "could not create a primitive"));
+  EXPECT_EQ(bad.code(), ErrorCode::kInternal) << bad.what();
+  EXPECT_TRUE(contains(bad, "oneDNN")) << bad.what();
+#else
+  GTEST_SKIP() << "LibTorch ships no oneDNN header here";
+#endif
 }

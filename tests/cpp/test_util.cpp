@@ -1,10 +1,17 @@
 #include "test_util.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace sapiens_seg::test {
 
@@ -55,6 +62,78 @@ Array read_npy(const std::string& path) {
   }
   a.bytes.assign(all.begin() + static_cast<std::ptrdiff_t>(start + hlen), all.end());
   return a;
+}
+
+std::optional<std::string> in_child_process(const std::function<std::string()>& fn,
+                                            std::chrono::seconds timeout) {
+  int fds[2];
+  if (pipe(fds) != 0) return std::nullopt;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string answer;
+    try {
+      answer = fn();
+    } catch (const std::exception& e) {
+      answer = std::string("exception: ") + e.what();
+    } catch (...) {
+      answer = "exception";
+    }
+    for (std::size_t done = 0; done < answer.size();) {
+      const ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
+      if (n <= 0) _exit(2);
+      done += static_cast<std::size_t>(n);
+    }
+    _exit(0);  // no atexit handlers, no destructors of the parent's objects
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return std::nullopt;
+  }
+  // The pipe is drained while the child runs, so an answer longer than its buffer cannot block
+  // the child's write.
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  std::string answer;
+  char buf[4096];
+  const auto drain = [&] {
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) {
+      answer.append(buf, static_cast<std::size_t>(n));
+    }
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    drain();
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      close(fds[0]);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  drain();
+  close(fds[0]);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return answer;
+}
+
+std::size_t address_space_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+}
+
+bool cap_address_space(std::size_t slack) {
+  const rlimit lim{static_cast<rlim_t>(address_space_bytes() + slack), RLIM_INFINITY};
+  return setrlimit(RLIMIT_AS, &lim) == 0;
+}
+
+bool lift_address_space_cap() {
+  const rlimit lim{RLIM_INFINITY, RLIM_INFINITY};
+  return setrlimit(RLIMIT_AS, &lim) == 0;
 }
 
 }  // namespace sapiens_seg::test

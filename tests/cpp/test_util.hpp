@@ -1,8 +1,12 @@
-// Shared helpers of the C++ tests: fixture paths and reading the reference .npy files.
+// Shared helpers of the C++ tests: fixture paths, reading the reference .npy files, and running
+// a piece of a test in a child process under a memory cap.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -65,5 +69,21 @@ template <typename Fn>
 auto with_libtorch_attention(Fn fn) {
   return with_env("SAPIENS_SEG_CPU_ATTENTION", "libtorch", fn);
 }
+
+// fn() in a forked child process, its answer brought back through a pipe; std::nullopt when the
+// child died or ran past `timeout` (then it is killed). For tests that must leave the test
+// process untouched, such as running out of memory on purpose. The child inherits only the
+// calling thread: set LibTorch to one thread first (an OpenMP pool does not survive fork).
+std::optional<std::string> in_child_process(
+    const std::function<std::string()>& fn,
+    std::chrono::seconds timeout = std::chrono::seconds(60));
+
+// The address space this process has mapped now (what RLIMIT_AS counts).
+std::size_t address_space_bytes();
+
+// Caps this process's address space at what it has mapped now plus `slack` bytes (false if the
+// kernel refused), or lifts the cap again. Meant for a child of in_child_process.
+bool cap_address_space(std::size_t slack);
+bool lift_address_space_cap();
 
 }  // namespace sapiens_seg::test
