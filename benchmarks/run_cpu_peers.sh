@@ -172,6 +172,7 @@ step_readme() {
            cpu-peers-s2_full_0.4b-amx-a cpu-peers-s2_full_0.4b-amx-b \
            cpu-peers-full_0.3b-amx-3000x4000 \
            cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
+           cpu-peers-s2_full_1b-amx-a cpu-peers-s2_full_1b-amx-b \
            cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
     [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
   done
