@@ -25,7 +25,7 @@ bool is_onednn_out_of_memory(const std::exception_ptr& e) noexcept;
 // inherit the caller's CUDA stream.
 at::Tensor run_clear_of_onednn_failures(const std::function<at::Tensor()>& work);
 
-// Whether the calling thread has met oneDNN's out-of-memory failure (for tests and `info`).
+// Whether the calling thread has met oneDNN's out-of-memory failure (for the tests).
 bool onednn_failed_on_this_thread() noexcept;
 
 }  // namespace sapiens_seg::core

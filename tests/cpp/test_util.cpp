@@ -64,6 +64,18 @@ Array read_npy(const std::string& path) {
   return a;
 }
 
+namespace {
+
+// The address space this process has mapped now (what RLIMIT_AS counts).
+std::size_t address_space_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
 std::optional<std::string> in_child_process(const std::function<std::string()>& fn,
                                             std::chrono::seconds timeout) {
   int fds[2];
@@ -117,13 +129,6 @@ std::optional<std::string> in_child_process(const std::function<std::string()>& 
   close(fds[0]);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return answer;
-}
-
-std::size_t address_space_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::size_t pages = 0;
-  statm >> pages;
-  return pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 }
 
 bool cap_address_space(std::size_t slack) {

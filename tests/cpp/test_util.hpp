@@ -78,9 +78,6 @@ std::optional<std::string> in_child_process(
     const std::function<std::string()>& fn,
     std::chrono::seconds timeout = std::chrono::seconds(60));
 
-// The address space this process has mapped now (what RLIMIT_AS counts).
-std::size_t address_space_bytes();
-
 // Caps this process's address space at what it has mapped now plus `slack` bytes (false if the
 // kernel refused), or lifts the cap again. Meant for a child of in_child_process.
 bool cap_address_space(std::size_t slack);
