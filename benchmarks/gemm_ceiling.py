@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The fastest a Sapiens v1 forward pass can be on this CPU, from its FLOP count and the GEMM rate.
+"""The fastest a Sapiens forward pass can be on this CPU, from its FLOP count and the GEMM rate.
 
-    python benchmarks/gemm_ceiling.py [--model FILE.pt2] [--threads N] [--json OUT]
+    python benchmarks/gemm_ceiling.py [--model FILE.pt2|FILE.safetensors] [--threads N] [--json OUT]
 
 Counts the multiply-adds of the network from the checkpoint's tensor shapes (backbone linears and
-attention at the training grid, the decoder head's sub-pixel deconvolutions and 1x1
-convolutions), measures LibTorch's large square GEMM rate in float32 and bfloat16 on this machine,
+attention at the training grid, 1024x768, the decoder head's sub-pixel deconvolutions and 1x1
+convolutions; Sapiens v1 TorchScript files and Sapiens2 safetensors files, whose shapes are read
+from the header alone), measures LibTorch's large square GEMM rate in float32 and bfloat16 on this machine,
 and prints the time the forward pass would take if every FLOP ran at that rate. It bounds what any
 implementation of the same arithmetic can reach, and so what speed-up over the original is
 possible (the original's own time comes from speed_check).
@@ -48,6 +49,43 @@ def network_gflop(state: dict[str, torch.Tensor]) -> dict[str, float]:
             "head": head / 1e9}
 
 
+def sapiens2_gflop(shapes: dict[str, list[int]], height: int = 1024,
+                   width: int = 768) -> dict[str, float]:
+    """Sapiens2 at one input size. Every 2-D block weight is a linear over all tokens (the
+    grouped-query blocks' narrower k and v projections count as they are); attention's two
+    products have the width of the queries."""
+    patch = shapes["backbone.patch_embed.projection.weight"]
+    grid_h, grid_w = height // patch[2], width // patch[3]
+    extra = 1 + shapes.get("backbone.storage_tokens", [1, 0])[1]  # the class and storage tokens
+    tokens = grid_h * grid_w + extra
+    backbone = 0
+    for key, shape in shapes.items():
+        if key.startswith("backbone.blocks.") and key.endswith(".weight") and len(shape) == 2:
+            backbone += 2 * tokens * shape[0] * shape[1]
+            if key.endswith(".attn.wq.weight"):
+                backbone += 4 * tokens * tokens * shape[0]
+    head = 0
+    h, w = grid_h, grid_w
+    deconvs = sorted(int(k.split(".")[2]) for k in shapes
+                     if k.startswith("decode_head.deconv_layers.") and k.endswith(".weight"))
+    for i in deconvs:  # k4 s2 transposed convolutions: 4 taps per output pixel
+        wt = shapes[f"decode_head.deconv_layers.{i}.weight"]
+        h, w = 2 * h, 2 * w
+        head += 2 * h * w * 4 * wt[0] * wt[1]
+    for key, wt in shapes.items():
+        if key.startswith(("decode_head.conv_layers.", "decode_head.conv_seg.")) and \
+                key.endswith(".weight") and len(wt) == 4:
+            head += 2 * h * w * wt[0] * wt[1] * wt[2] * wt[3]
+    embed = 2 * grid_h * grid_w * patch[0] * patch[1] * patch[2] * patch[3]
+    return {"backbone": backbone / 1e9, "embed": embed / 1e9, "head": head / 1e9}
+
+
+def safetensors_shapes(path: str) -> dict[str, list[int]]:
+    from safetensors import safe_open
+    with safe_open(path, framework="pt") as f:
+        return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
 def gemm_gflops(dtype: torch.dtype, n: int = 4096, repeats: int = 5) -> float:
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
@@ -71,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    state = torch.jit.load(args.model, map_location="cpu").state_dict()
-    flops = network_gflop(state)
+    if args.model.endswith(".safetensors"):
+        flops = sapiens2_gflop(safetensors_shapes(args.model))
+    else:
+        flops = network_gflop(torch.jit.load(args.model, map_location="cpu").state_dict())
     total = sum(flops.values())
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "unknown")

@@ -3,14 +3,16 @@
 # the authors' pipeline beside this library), on a quiet machine. Writes benchmarks/results/ and
 # regenerates the README's performance section. Steps can be run alone:
 #
-#   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|s2-0.4b-f32|s2-1b|memory-5b|readme]...
+#   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|s2-0.4b-f32|s2-1b|
+#                                large|memory-5b|readme]...
 #
 # v1-f32 and s2-0.4b-f32 are the protocol for CPUs where the library refuses bfloat16 (AVX2-only,
 # Intel without AMX): float32 columns only; `all` runs v1 and s2-0.4b instead.
 #
 # Times on 2 cores (AVX512-BF16), measured 2026-12-01: fixtures and ONNX exports 30 min (1.4 +
 # 1.6 + 5.9 GB), probe 1 min, v1 30 min and s2-0.4b 25 min with SIZES=1024x768 (about twice
-# that at both sizes), s2-1b 1.5 h (estimate), memory-5b 1 h (a 20.4 GB file; delete it after).
+# that at both sizes), memory-5b 1 h (a 20.4 GB file; delete it after). s2-1b took 36 min on a
+# 2-core AMX Xeon (2026-12-03); expect about 1.5 h where the 4096^3 float32 GEMM is half as fast.
 # Every speed_check run waits for a quiet machine before each timed call (--wait-quiet) and
 # records the load it saw; every result file records the CPU model, ISA flags, cores, load and
 # versions.
@@ -139,15 +141,36 @@ step_s2_04() {
 }
 
 step_s2_1b() {
-  # Two runs (memory, see above), each with the library's two columns.
-  "$SC" --model "$FIX/s2_full_1b.safetensors" \
-    --modes original-python,portable,transformers --dtype float32,bfloat16 \
-    --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_1b$TAG-a.json" --markdown "$RES/cpu-peers-s2_full_1b$TAG-a.md"
-  "$SC" --model "$FIX/s2_full_1b.safetensors" --onnx "$ONNX/s2_full_1b.onnx" \
-    --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
-    --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_1b$TAG-b.json" --markdown "$RES/cpu-peers-s2_full_1b$TAG-b.md"
+  # Four runs, each with the library's columns (ratios within a run). At 1b (5.9 GB of float32)
+  # three OpenVINO/ONNX Runtime columns beside the library's two outgrow 24 GiB: on 2026-12-03 the
+  # kernel killed ONNX Runtime's worker in its first call, and the float32 column, whose weights
+  # are the mapped file, ran 14 % slower than in the run before as its pages were evicted and
+  # read again. So each ONNX peer runs in a run of its own.
+  local mf="$FIX/s2_full_1b.safetensors" mo="$ONNX/s2_full_1b.onnx" r="$RES/cpu-peers-s2_full_1b$TAG"
+  "$SC" --model "$mf" --modes original-python,portable,transformers --dtype float32,bfloat16 \
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-a.json" --markdown "$r-a.md"
+  "$SC" --model "$mf" --onnx "$mo" --modes portable,openvino-f32 --dtype float32,bfloat16 \
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-b.json" --markdown "$r-b.md"
+  "$SC" --model "$mf" --onnx "$mo" --modes portable,openvino-default --dtype float32,bfloat16 \
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-c.json" --markdown "$r-c.md"
+  # ONNX Runtime runs float32 only: the library's float32 column is the one to compare.
+  "$SC" --model "$mf" --onnx "$mo" --modes portable,onnxruntime --dtype float32 \
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-d.json" --markdown "$r-d.md"
+}
+
+step_large() {
+  # 3000x4000 (a phone photo) beside the authors' pipeline and OpenVINO, one run per model: the
+  # network is the 1024x768 pass, so what is added is the resize in and the full-size upsample +
+  # argmax out. About 15 min each on a 2-core AMX Xeon (2026-12-02/03).
+  local m
+  for m in full_0.3b_torchscript.pt2 s2_full_0.4b.safetensors; do
+    local name=${m%_torchscript.pt2}
+    name=${name%.safetensors}
+    "$SC" --model "$FIX/$m" --onnx "$ONNX/${m%.*}.onnx" --modes original-python,portable,openvino \
+      --dtype float32,bfloat16 --sizes 3000x4000 "${COMMON[@]}" \
+      --json "$RES/cpu-peers-$name$TAG-3000x4000.json" \
+      --markdown "$RES/cpu-peers-$name$TAG-3000x4000.md"
+  done
 }
 
 step_memory_5b() {
@@ -170,9 +193,10 @@ step_readme() {
            cpu-peers-s2_full_0.4b-avx512bf16-xeon-a cpu-peers-s2_full_0.4b-avx512bf16-xeon-b \
            cpu-peers-full_0.3b-amx-a cpu-peers-full_0.3b-amx-b \
            cpu-peers-s2_full_0.4b-amx-a cpu-peers-s2_full_0.4b-amx-b \
-           cpu-peers-full_0.3b-amx-3000x4000 \
+           cpu-peers-full_0.3b-amx-3000x4000 cpu-peers-s2_full_0.4b-amx-3000x4000 \
            cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
            cpu-peers-s2_full_1b-amx-a cpu-peers-s2_full_1b-amx-b \
+           cpu-peers-s2_full_1b-amx-c cpu-peers-s2_full_1b-amx-d \
            cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
     [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
   done
@@ -193,6 +217,7 @@ for s in "${steps[@]}"; do
     s2-0.4b) step_s2_04 ;;
     s2-0.4b-f32) step_s2_04_f32 ;;
     s2-1b) step_s2_1b ;;
+    large) step_large ;;
     memory-5b) step_memory_5b ;;
     readme) step_readme ;;
     *) echo "run_cpu_peers.sh: unknown step $s" >&2; exit 2 ;;
