@@ -191,7 +191,7 @@ step_readme() {
            cpu-peers-s2_full_0.4b-avx2-a cpu-peers-s2_full_0.4b-avx2-b \
            cpu-peers-full_0.3b-avx512bf16-xeon \
            cpu-peers-s2_full_0.4b-avx512bf16-xeon-a cpu-peers-s2_full_0.4b-avx512bf16-xeon-b \
-           cpu-peers-full_0.3b-amx-a cpu-peers-full_0.3b-amx-b \
+           cpu-peers-full_0.3b-amx-a cpu-peers-full_0.3b-amx-b cpu-peers-full_0.3b-amx-f32 \
            cpu-peers-s2_full_0.4b-amx-a cpu-peers-s2_full_0.4b-amx-b \
            cpu-peers-full_0.3b-amx-3000x4000 cpu-peers-s2_full_0.4b-amx-3000x4000 \
            cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
