@@ -12,7 +12,8 @@
 # Times on 2 cores (AVX512-BF16), measured 2026-12-01: fixtures and ONNX exports 30 min (1.4 +
 # 1.6 + 5.9 GB), probe 1 min, v1 30 min and s2-0.4b 25 min with SIZES=1024x768 (about twice
 # that at both sizes), memory-5b 1 h (a 20.4 GB file; delete it after). s2-1b took 36 min on a
-# 2-core AMX Xeon (2026-12-03); expect about 1.5 h where the 4096^3 float32 GEMM is half as fast.
+# 2-core AMX Xeon (2026-12-03, 4096^3 float32 GEMM 424 GFLOP/s); more on the AMD machine above,
+# whose GEMM ran at 185 (not measured there).
 # Every speed_check run waits for a quiet machine before each timed call (--wait-quiet) and
 # records the load it saw; every result file records the CPU model, ISA flags, cores, load and
 # versions.
@@ -159,6 +160,7 @@ step_s2_1b() {
 }
 
 step_large() {
+  # For runs made with SIZES=1024x768 (the default SIZES has v1 and s2-0.4b at 3000x4000 already):
   # 3000x4000 (a phone photo) beside the authors' pipeline and OpenVINO, one run per model: the
   # network is the 1024x768 pass, so what is added is the resize in and the full-size upsample +
   # argmax out. About 15 min each on a 2-core AMX Xeon (2026-12-02/03).
