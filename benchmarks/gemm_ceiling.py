@@ -7,9 +7,9 @@ Counts the multiply-adds of the network from the checkpoint's tensor shapes (bac
 attention at the training grid, 1024x768, the decoder head's sub-pixel deconvolutions and 1x1
 convolutions; Sapiens v1 TorchScript files and Sapiens2 safetensors files, whose shapes are read
 from the header alone), measures LibTorch's large square GEMM rate in float32 and bfloat16 on
-this machine, and prints the time the forward pass would take if every FLOP ran at that rate. It bounds what any
-implementation of the same arithmetic can reach, and so what speed-up over the original is
-possible (the original's own time comes from speed_check).
+this machine, and prints the time the forward pass would take if every FLOP ran at that rate. It
+bounds what any implementation of the same arithmetic can reach, and so what speed-up over the
+original is possible (the original's own time comes from speed_check).
 """
 
 from __future__ import annotations

@@ -112,7 +112,8 @@ def split_run_goals(reports: list[dict]) -> dict[int, str]:
                 ov = cols.get("openvino default")
                 if (ov and ov.get("dtype") == "bfloat16" and "openvino default" in by
                         and "portable bfloat16" in by):
-                    bf16 = by["openvino default"]["median_ms"] / by["portable bfloat16"]["median_ms"]
+                    bf16 = (by["openvino default"]["median_ms"]
+                            / by["portable bfloat16"]["median_ms"])
         parts = []
         if len(f32) > 1:
             worst = min(f32, key=f32.get)

@@ -147,7 +147,8 @@ step_s2_1b() {
   # kernel killed ONNX Runtime's worker in its first call, and the float32 column, whose weights
   # are the mapped file, ran 14 % slower than in the run before as its pages were evicted and
   # read again. So each ONNX peer runs in a run of its own.
-  local mf="$FIX/s2_full_1b.safetensors" mo="$ONNX/s2_full_1b.onnx" r="$RES/cpu-peers-s2_full_1b$TAG"
+  local mf="$FIX/s2_full_1b.safetensors" mo="$ONNX/s2_full_1b.onnx"
+  local r="$RES/cpu-peers-s2_full_1b$TAG"
   "$SC" --model "$mf" --modes original-python,portable,transformers --dtype float32,bfloat16 \
     --sizes 1024x768 "${COMMON[@]}" --json "$r-a.json" --markdown "$r-a.md"
   "$SC" --model "$mf" --onnx "$mo" --modes portable,openvino-f32 --dtype float32,bfloat16 \
