@@ -120,7 +120,7 @@ int run(int argc, char** argv) {
       }
       const double a = bench::median(t_gemm), b = bench::median(t_dnn), gf = gflop(c);
       const char* dt = dtype == at::kFloat ? "float32" : "bfloat16";
-      const char* def = head::to_string(head::cpu_head_path(dtype));
+      const char* def = head::to_string(head::cpu_head_path(dtype, c.conv.back()));
       std::printf("%-24s %-9s %10.1f %10.1f %9.1f %9.1f %6.2fx %9.2g %s\n", c.name, dt, a, b,
                   gf / a * 1e3, gf / b * 1e3, a / b, diff, def);
       std::fflush(stdout);

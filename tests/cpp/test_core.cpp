@@ -546,19 +546,47 @@ TEST(UnitNetwork, OtherInputSizesResizeThePositionEmbedding) {
 }
 
 TEST(UnitNetwork, CpuHeadPathRule) {
+  using core::head::cpu_head_path_for;
   using core::head::CpuHeadPath;
+  // The measured rule (head_bench) on CPUs described by their CPUID bits, whatever runs the test.
+  core::CpuFeatures avx2;
+  avx2.osxsave = avx2.avx = avx2.avx2 = avx2.fma = avx2.f16c = true;
+  avx2.xcr0 = 0x7;
+  core::CpuFeatures intel512 = avx2;
+  intel512.avx512f = intel512.avx512bw = intel512.avx512dq = intel512.avx512vl = true;
+  intel512.xcr0 = 0xE7;
+  ASSERT_TRUE(intel512.avx512_core());
+  core::CpuFeatures amd512 = intel512;
+  amd512.amd = true;
+  constexpr int64_t kV1 = 768, kSapiens2 = 64;
+  // Without AVX-512, oneDNN for every float32 head.
+  EXPECT_EQ(cpu_head_path_for(avx2, at::kFloat, kV1), CpuHeadPath::kOnednn);
+  EXPECT_EQ(cpu_head_path_for(avx2, at::kFloat, kSapiens2), CpuHeadPath::kOnednn);
+  // Intel's AVX-512 cores: MKL's GEMMs for v1's wide head, oneDNN for Sapiens2's narrow one.
+  EXPECT_EQ(cpu_head_path_for(intel512, at::kFloat, kV1), CpuHeadPath::kGemm);
+  EXPECT_EQ(cpu_head_path_for(intel512, at::kFloat, kSapiens2), CpuHeadPath::kOnednn);
+  EXPECT_EQ(cpu_head_path_for(intel512, at::kFloat, core::head::kNarrowHeadWidth + 1),
+            CpuHeadPath::kGemm);
+  // AMD's AVX-512 cores keep the GEMMs (oneDNN not measured faster there).
+  EXPECT_EQ(cpu_head_path_for(amd512, at::kFloat, kSapiens2), CpuHeadPath::kGemm);
+  // bfloat16 and float16 run the GEMMs everywhere.
+  for (const auto& cpu : {avx2, intel512, amd512}) {
+    EXPECT_EQ(cpu_head_path_for(cpu, at::kBFloat16, kSapiens2), CpuHeadPath::kGemm);
+    EXPECT_EQ(cpu_head_path_for(cpu, at::kHalf, kV1), CpuHeadPath::kGemm);
+  }
+
   if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: the GEMM head only";
-  // The measured rule: oneDNN's convolutions for float32 on CPUs without AVX-512.
-  const bool avx512 = core::host_cpu_features().avx512_core();
-  EXPECT_EQ(core::head::cpu_head_path(at::kFloat),
-            avx512 ? CpuHeadPath::kGemm : CpuHeadPath::kOnednn);
-  EXPECT_EQ(core::head::cpu_head_path(at::kBFloat16), CpuHeadPath::kGemm);
-  test::with_env("SAPIENS_SEG_CPU_HEAD", "gemm",
-                 [] { EXPECT_EQ(core::head::cpu_head_path(at::kFloat), CpuHeadPath::kGemm); });
-  test::with_env("SAPIENS_SEG_CPU_HEAD", "onednn",
-                 [] { EXPECT_EQ(core::head::cpu_head_path(at::kBFloat16), CpuHeadPath::kOnednn); });
+  // This CPU follows the rule unless the environment forces a path.
+  EXPECT_EQ(core::head::cpu_head_path(at::kFloat, kSapiens2),
+            cpu_head_path_for(core::host_cpu_features(), at::kFloat, kSapiens2));
+  test::with_env("SAPIENS_SEG_CPU_HEAD", "gemm", [] {
+    EXPECT_EQ(core::head::cpu_head_path(at::kFloat, kSapiens2), CpuHeadPath::kGemm);
+  });
+  test::with_env("SAPIENS_SEG_CPU_HEAD", "onednn", [] {
+    EXPECT_EQ(core::head::cpu_head_path(at::kBFloat16, kV1), CpuHeadPath::kOnednn);
+  });
   test::with_env("SAPIENS_SEG_CPU_HEAD", "mkl", [] {
-    expect_error([] { core::head::cpu_head_path(at::kFloat); }, ErrorCode::kInvalidInput,
+    expect_error([] { core::head::cpu_head_path(at::kFloat, kV1); }, ErrorCode::kInvalidInput,
                  {"SAPIENS_SEG_CPU_HEAD", "'mkl'"});
   });
 }

@@ -185,7 +185,19 @@ const char* to_string(CpuHeadPath path) {
   return path == CpuHeadPath::kOnednn ? "onednn" : "gemm";
 }
 
-CpuHeadPath cpu_head_path(at::ScalarType dtype) {
+CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width) {
+  if (dtype != at::kFloat) return CpuHeadPath::kGemm;
+  // Measured by head_bench (2026-12-02): on Zen 1 (AVX2 + FMA, 2 cores) v1's head in float32 took
+  // 30.5 s through oneDNN, 34.1 s through MKL's GEMMs (64 against 57 GFLOP/s), and Sapiens2's
+  // narrow head the same either way. On AVX-512 Intel Xeons the GEMMs won v1's 768-wide head
+  // (10.2 against 10.6 s; 5.8-6.1 against 6.4 s with AMX) and lost Sapiens2's 64-wide one by about
+  // a tenth (1.47 against 1.34 s; 1.15 against 1.04 s with AMX). On AMD's AVX-512 cores oneDNN
+  // was not measured against the GEMMs, so they keep them.
+  if (!cpu.avx512_core()) return CpuHeadPath::kOnednn;
+  return width <= kNarrowHeadWidth && !cpu.amd ? CpuHeadPath::kOnednn : CpuHeadPath::kGemm;
+}
+
+CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
   if (!at::hasMKLDNN()) return CpuHeadPath::kGemm;  // no oneDNN: LibTorch's slow convolutions
   if (const char* env = std::getenv("SAPIENS_SEG_CPU_HEAD"); env && *env) {
     const std::string v(env);
@@ -194,12 +206,7 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype) {
     throw Error(ErrorCode::kInvalidInput,
                 "SAPIENS_SEG_CPU_HEAD must be 'gemm' or 'onednn', got '" + v + "'");
   }
-  // Measured by head_bench on Zen 1 (AVX2 + FMA, 2 cores, 2026-12-02): v1's head in float32 took
-  // 30.5 s through oneDNN, 34.1 s through MKL's GEMMs (64 against 57 GFLOP/s); Sapiens2's narrow
-  // head took the same either way. On an AVX-512 Intel Xeon (same day) the GEMMs won v1's head
-  // (10.2 against 10.6 s) and lost Sapiens2's by less (1.47 against 1.34 s).
-  return dtype == at::kFloat && !host_cpu_features().avx512_core() ? CpuHeadPath::kOnednn
-                                                                   : CpuHeadPath::kGemm;
+  return cpu_head_path_for(host_cpu_features(), dtype, width);
 }
 
 CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path) : path_(path) {

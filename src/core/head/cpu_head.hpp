@@ -14,9 +14,12 @@
 //    tile: v1's three 768-channel maps at 512x384 share one buffer.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "../cpuid.hpp"
 
 namespace sapiens_seg::core::head {
 
@@ -26,12 +29,17 @@ enum class CpuHeadPath {
 };
 const char* to_string(CpuHeadPath path);
 
-// The path for `dtype` on this CPU. oneDNN for float32 on CPUs without AVX-512, where its JIT
-// convolutions beat MKL's GEMMs on the head's shapes (benchmarks/head_bench.cpp); the GEMMs
-// elsewhere, where they were measured as fast as LibTorch's convolutions. SAPIENS_SEG_CPU_HEAD=gemm
-// or =onednn forces one (A/B benchmarks, tests; another value is an Error(kInvalidInput));
-// LibTorch without oneDNN always gets kGemm.
-CpuHeadPath cpu_head_path(at::ScalarType dtype);
+// The path for `dtype` on this CPU, for a head whose last maps (the classifier's input) are `width`
+// channels wide: v1 768, Sapiens2 64. In float32, oneDNN on CPUs without AVX-512, where its JIT
+// convolutions beat MKL's GEMMs on the heads' shapes, and for narrow heads (width <=
+// kNarrowHeadWidth) on Intel's AVX-512 cores; the GEMMs elsewhere, where they were measured as
+// fast or faster (benchmarks/head_bench.cpp). SAPIENS_SEG_CPU_HEAD=gemm or =onednn forces one (A/B
+// benchmarks, tests; another value is an Error(kInvalidInput)); LibTorch without oneDNN always
+// gets kGemm.
+CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width);
+// The rule itself for a given CPU (no environment, no LibTorch check): what the tests vary.
+CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width);
+inline constexpr int64_t kNarrowHeadWidth = 128;
 
 // The weights as the checkpoints store them (already in the network's dtype, on the CPU):
 // deconv_w [in, out, 4, 4], conv_w [out, in, 1, 1] with conv_b [out], seg_w [classes, in, 1, 1]

@@ -370,8 +370,8 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   seg_w_ = get("decode_head.conv_seg.weight");
   seg_b_ = get("decode_head.conv_seg.bias");
   if (device.is_cpu()) {
-    cpu_head_ =
-        head::CpuHead({deconv_w_, conv_w_, conv_b_, seg_w_, seg_b_}, head::cpu_head_path(dtype));
+    cpu_head_ = head::CpuHead({deconv_w_, conv_w_, conv_b_, seg_w_, seg_b_},
+                              head::cpu_head_path(dtype, seg_w_.size(1)));
   }
 }
 
