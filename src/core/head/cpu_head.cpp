@@ -189,10 +189,11 @@ CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int6
   if (dtype != at::kFloat) return CpuHeadPath::kGemm;
   // Measured by head_bench (2026-12-02): on Zen 1 (AVX2 + FMA, 2 cores) v1's head in float32 took
   // 30.5 s through oneDNN, 34.1 s through MKL's GEMMs (64 against 57 GFLOP/s), and Sapiens2's
-  // narrow head the same either way. On AVX-512 Intel Xeons the GEMMs won v1's 768-wide head
-  // (10.2 against 10.6 s; 5.8-6.1 against 6.4 s with AMX) and lost Sapiens2's 64-wide one by about
-  // a tenth (1.47 against 1.34 s; 1.15 against 1.04 s with AMX). On AMD's AVX-512 cores oneDNN
-  // was not measured against the GEMMs, so they keep them.
+  // narrow head the same either way. On AVX-512 Intel Xeons the GEMMs won or tied v1's 768-wide
+  // head (10.2 against 10.6 s; with AMX 6.1 against 6.4 s, and 5.17 against 5.10 s a day later)
+  // and lost Sapiens2's 64-wide one by about a tenth (1.47 against 1.34 s; with AMX 1.15 against
+  // 1.04 s, then 0.97 against 0.88 s). On AMD's AVX-512 cores oneDNN was not measured against the
+  // GEMMs, so they keep them.
   if (!cpu.avx512_core()) return CpuHeadPath::kOnednn;
   return width <= kNarrowHeadWidth && !cpu.amd ? CpuHeadPath::kOnednn : CpuHeadPath::kGemm;
 }
