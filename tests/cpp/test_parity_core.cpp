@@ -100,8 +100,8 @@ TEST_P(ParityV1, PortableAndOriginalMatchTheReference) {
   }
 }
 
-// Both ways the CPU head can run (cpu_head_path picks one per CPU and dtype) against the
-// reference, and against each other: the default test above covers only this CPU's choice.
+// Both ways the CPU head can run (cpu_head_path picks one per CPU, dtype and head width) against
+// the reference, and against each other: the default test above covers only this CPU's choice.
 TEST_P(ParityV1, EveryCpuHeadPathMatchesTheReference) {
   const Loaded m = load_fixture(GetParam());
   const auto dirs = reference_dirs(GetParam());
