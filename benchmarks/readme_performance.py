@@ -47,31 +47,48 @@ CPU_GOALS = [
 PEERS = ("original-python", "onnxruntime", "openvino f32", "openvino default", "transformers")
 
 
+def at_goal_size(res: dict) -> bool:
+    """The result the peer goals are stated at: 1024x768, batch 1."""
+    return (res["height"], res["width"], res["batch"]) == (1024, 768, 1)
+
+
+def peer_ratios(report: dict) -> tuple[dict[str, float], float | None]:
+    """At the goal size: each float32 peer's time over the library's float32 time, and OpenVINO's
+    bfloat16 time over the library's bfloat16 time (None where the run has not both). The float32
+    goal is against float32 peers: OpenVINO's default precision is bf16 or f16 on CPUs that have
+    them, which is the bfloat16 goal's peer."""
+    cols = {c["id"]: c for c in available(report)}
+    f32: dict[str, float] = {}
+    bf16 = None
+    for res in filter(at_goal_size, report["results"]):
+        by = res["columns"]
+        lib = by.get("portable float32", {}).get("median_ms")
+        for p in PEERS:
+            if lib and p in cols and p in by and cols[p].get("dtype", "float32") == "float32":
+                f32[p] = by[p]["median_ms"] / lib
+        ov = cols.get("openvino default")
+        if (ov and ov.get("dtype") == "bfloat16" and "openvino default" in by
+                and "portable bfloat16" in by):
+            bf16 = by["openvino default"]["median_ms"] / by["portable bfloat16"]["median_ms"]
+    return f32, bf16
+
+
+def met(r: float) -> str:
+    return "met" if r >= 1.1 else "missed"
+
+
 def peer_goals(report: dict) -> list[str]:
     """The goals against the runtimes a CPU user would pick instead (issue 18): portable float32
     >= 1.1x the fastest peer at 1024x768, bfloat16 >= 1.1x OpenVINO's bfloat16."""
     out = []
     titles = {c["id"]: c["title"] for c in available(report)}
-    # The float32 goal is against float32 peers: OpenVINO's default precision is bf16 or f16 on
-    # CPUs that have them, which is the bfloat16 goal's peer.
-    f32 = {c["id"] for c in available(report) if c.get("dtype", "float32") == "float32"}
-    for res in report["results"]:
-        if (res["height"], res["width"], res["batch"]) != (1024, 768, 1):
-            continue
-        by = res["columns"]
-        peers = {p: by[p]["median_ms"] for p in PEERS if p in by and p in titles and p in f32}
-        if "portable float32" in by and peers:
-            fastest = min(peers, key=peers.get)
-            r = peers[fastest] / by["portable float32"]["median_ms"]
-            out.append(f"float32 at 1024x768 >= 1.1x the fastest float32 peer of this run "
-                       f"({titles[fastest]}): "
-                       f"{r:.2f}x ({'met' if r >= 1.1 else 'missed'})")
-        ov = next((c for c in available(report) if c["id"] == "openvino default"), None)
-        if ("portable bfloat16" in by and ov and ov.get("dtype") == "bfloat16"
-                and "openvino default" in by):
-            r = by["openvino default"]["median_ms"] / by["portable bfloat16"]["median_ms"]
-            out.append(f"bfloat16 at 1024x768 >= 1.1x OpenVINO's bfloat16: {r:.2f}x "
-                       f"({'met' if r >= 1.1 else 'missed'})")
+    f32, bf16 = peer_ratios(report)
+    if f32:
+        fastest = min(f32, key=f32.get)  # one library time per run: the lowest ratio is the fastest
+        out.append(f"float32 at 1024x768 >= 1.1x the fastest float32 peer of this run "
+                   f"({titles[fastest]}): {f32[fastest]:.2f}x ({met(f32[fastest])})")
+    if bf16 is not None:
+        out.append(f"bfloat16 at 1024x768 >= 1.1x OpenVINO's bfloat16: {bf16:.2f}x ({met(bf16)})")
     return out
 
 
@@ -83,9 +100,7 @@ def split_run_goals(reports: list[dict]) -> dict[int, str]:
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(reports):
         m = r["meta"]
-        if m["quick"] or m["device"] != "cpu" or not any(
-                (res["height"], res["width"], res["batch"]) == (1024, 768, 1)
-                for res in r["results"]):
+        if m["quick"] or m["device"] != "cpu" or not any(map(at_goal_size, r["results"])):
             continue
         key = (m["model_file"], m.get("cpu"), tuple(m.get("isa_flags") or []), m["date"])
         groups.setdefault(key, []).append(i)
@@ -94,34 +109,22 @@ def split_run_goals(reports: list[dict]) -> dict[int, str]:
         if len(idx) < 2:
             continue
         f32: dict[str, float] = {}
-        bf16: float | None = None
         names: dict[str, str] = {}
+        bf16 = None
         for i in idx:
-            report = reports[i]
-            cols = {c["id"]: c for c in available(report)}
-            for res in report["results"]:
-                if (res["height"], res["width"], res["batch"]) != (1024, 768, 1):
-                    continue
-                by = res["columns"]
-                lib = by.get("portable float32", {}).get("median_ms")
-                for p in PEERS:
-                    c = cols.get(p)
-                    if lib and c and p in by and c.get("dtype", "float32") == "float32":
-                        f32[p] = min(f32.get(p, float("inf")), by[p]["median_ms"] / lib)
-                        names[p] = c["title"]
-                ov = cols.get("openvino default")
-                if (ov and ov.get("dtype") == "bfloat16" and "openvino default" in by
-                        and "portable bfloat16" in by):
-                    bf16 = (by["openvino default"]["median_ms"]
-                            / by["portable bfloat16"]["median_ms"])
+            ratios, run_bf16 = peer_ratios(reports[i])
+            titles = {c["id"]: c["title"] for c in available(reports[i])}
+            for p, r in ratios.items():
+                f32[p] = min(f32.get(p, float("inf")), r)
+                names[p] = titles[p]
+            bf16 = run_bf16 if run_bf16 is not None else bf16
         parts = []
         if len(f32) > 1:
             worst = min(f32, key=f32.get)
             parts.append(f"float32 >= 1.1x every float32 peer: {f32[worst]:.2f}x against "
-                         f"{names[worst]}, the lowest ({'met' if f32[worst] >= 1.1 else 'missed'})")
+                         f"{names[worst]}, the lowest ({met(f32[worst])})")
         if bf16 is not None:
-            parts.append(f"bfloat16 >= 1.1x OpenVINO's bfloat16: {bf16:.2f}x "
-                         f"({'met' if bf16 >= 1.1 else 'missed'})")
+            parts.append(f"bfloat16 >= 1.1x OpenVINO's bfloat16: {bf16:.2f}x ({met(bf16)})")
         if parts:
             out[idx[-1]] = (f"Goals across this model's {len(idx)} runs on this machine (each "
                             "ratio within its own run): " + "; ".join(parts) + ".")
