@@ -63,14 +63,19 @@ struct SystemInfo {
   bool cuda_available = false;
   int cuda_devices = 0;
   bool kernels_compiled = false;
-  std::vector<std::string> backends;    // modes that can run on this machine, with why not
-  std::string cpu_model;                // "model name" of /proc/cpuinfo
+  std::vector<std::string> backends;  // modes that can run on this machine, with why not
+  std::string cpu_model;              // "model name" of /proc/cpuinfo
+  // "AuthenticAMD family 25 model 1 stepping 1" (CPUID): tells apart generations of one name.
+  std::string cpu_id;
   std::vector<std::string> cpu_flags;   // the ISA flags that decide the CPU dtypes (avx2, ...)
   std::string onednn_cap;               // ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA when set
   std::vector<std::string> cpu_dtypes;  // "bfloat16: no: ..." per dtype, with the reason
   // Per dtype, which attention the portable mode runs on the CPU ("float32: the library's
   // AVX-512 kernel", or LibTorch's with what the kernel needs), from the CPU's CPUID.
   std::vector<std::string> cpu_attention;
+  // Which library runs the portable mode's float32 GEMMs on this CPU, and why ("float32 GEMMs:
+  // oneDNN (AMD Zen 5 or later ...)"); SAPIENS_SEG_CPU_GEMM overrides it.
+  std::string cpu_gemm;
   // Which code path of the opencv-python wheel's INTER_CUBIC (Intel IPP's) this CPU takes, and
   // so whose bytes the Sapiens2 resize reproduces here: "ipp-k0-icx", "ipp-k0-skx", "ipp-l9",
   // "ipp-y8" or "opencv" (no IPP).

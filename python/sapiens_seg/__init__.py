@@ -128,6 +128,9 @@ class SystemInfo:
     backends: tuple[str, ...]
     cpu_model: str
     """``model name`` of ``/proc/cpuinfo``."""
+    cpu_id: str
+    """Vendor, family, model and stepping from CPUID (``"AuthenticAMD family 25 model 1 stepping
+    1"``): CPUs of one name span generations whose vector units differ."""
     cpu_flags: tuple[str, ...]
     """The ISA flags that decide the CPU dtypes (``avx2``, ``avx512_bf16``, ``amx_bf16``, ...)."""
     onednn_cap: str
@@ -138,6 +141,9 @@ class SystemInfo:
     """Per dtype, which attention the portable mode runs on the CPU: the library's AVX-512 or
     AVX512-BF16 kernel, or LibTorch's (with why: what the kernel would need, or where LibTorch's
     is the faster, e.g. bfloat16 on AMX-BF16 tiles)."""
+    cpu_gemm: str
+    """Which library runs the portable mode's float32 GEMMs on this CPU and why (``"float32
+    GEMMs: MKL (...)"``); ``SAPIENS_SEG_CPU_GEMM=mkl|onednn`` overrides it."""
     wheel_cubic_path: str
     """The opencv-python wheel's ``INTER_CUBIC`` code path on this CPU (``"ipp-k0-icx"``, ...,
     ``"opencv"``): whose bytes the Sapiens2 resize reproduces here."""

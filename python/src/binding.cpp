@@ -442,10 +442,12 @@ py::dict system_info() {
   d["kernels_compiled"] = s.kernels_compiled;
   d["backends"] = str_list(s.backends);
   d["cpu_model"] = to_str(s.cpu_model);
+  d["cpu_id"] = to_str(s.cpu_id);
   d["cpu_flags"] = str_list(s.cpu_flags);
   d["onednn_cap"] = to_str(s.onednn_cap);
   d["cpu_dtypes"] = str_list(s.cpu_dtypes);
   d["cpu_attention"] = str_list(s.cpu_attention);
+  d["cpu_gemm"] = to_str(s.cpu_gemm);
   d["wheel_cubic_path"] = to_str(s.wheel_cubic_path);
   d["card_dirs"] = str_list(s.card_dirs);
   return d;

@@ -7,7 +7,9 @@
 
 #include "../core/attention/cpu_attention.hpp"
 #include "../core/backends.hpp"
+#include "../core/cpu/gemm.hpp"
 #include "../core/cpu_caps.hpp"
+#include "../core/cpuid.hpp"
 #include "../core/resize/wheel_cubic.hpp"
 #include "../io/paths.hpp"
 #include "sapiens_seg/cards.hpp"
@@ -47,6 +49,11 @@ SystemInfo system_info() {
   s.onednn_cap = caps.onednn_cap_text;
   s.cpu_dtypes = core::cpu_dtype_lines(caps);
   s.cpu_attention = core::attention::cpu_attention_lines();
+  s.cpu_gemm = core::cpu::float32_gemm_line();
+  const core::CpuFeatures& f = core::host_cpu_features();
+  s.cpu_id = (caps.vendor.empty() ? std::string("unknown vendor") : caps.vendor) + " family " +
+             std::to_string(f.family) + " model " + std::to_string(f.model) + " stepping " +
+             std::to_string(f.stepping);
   s.wheel_cubic_path = core::resize_detail::to_string(core::resize_detail::wheel_ipp_path());
   s.card_dirs = io::card_dirs();
   return s;

@@ -209,7 +209,7 @@ int run_info() {
             << "libtorch    " << s.torch_version << "\n"
             << "opencv      " << s.opencv_version << "\n"
             << "openssl     " << s.openssl_version << "\n"
-            << "cpu         " << s.cpu_model << "\n"
+            << "cpu         " << s.cpu_model << " (" << s.cpu_id << ")\n"
             << "cpu flags   " << join(s.cpu_flags, " ")
             << (s.onednn_cap.empty() ? "" : " (oneDNN capped: " + s.onednn_cap + ")") << "\n"
             << "cpu threads " << s.threads << "\n"
@@ -222,6 +222,7 @@ int run_info() {
   for (const auto& d : s.cpu_dtypes) std::cout << "  " << d << "\n";
   std::cout << "cpu attention (portable):\n";
   for (const auto& d : s.cpu_attention) std::cout << "  " << d << "\n";
+  std::cout << "cpu gemm (portable):\n  " << s.cpu_gemm << "\n";
   std::cout << "cv2 cubic   " << s.wheel_cubic_path
             << " (the opencv-python wheel's INTER_CUBIC code path on this CPU; reproduced)\n";
   std::cout << "card folders:\n";

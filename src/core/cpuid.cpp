@@ -19,6 +19,13 @@ CpuFeatures cpu_features() {
   __cpuid_count(0, 0, a, b, c, d);  // the vendor string, in EBX, EDX, ECX order
   f.amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "Auth" "enti" "cAMD"
   __cpuid_count(1, 0, a, b, c, d);
+  const int base_family = static_cast<int>((a >> 8) & 0xF);
+  const int base_model = static_cast<int>((a >> 4) & 0xF);
+  f.stepping = static_cast<int>(a & 0xF);
+  f.family = base_family == 0xF ? base_family + static_cast<int>((a >> 20) & 0xFF) : base_family;
+  f.model = base_family == 0x6 || base_family == 0xF
+                ? (static_cast<int>((a >> 16) & 0xF) << 4) + base_model
+                : base_model;
   f.sse42 = (c >> 20) & 1;
   f.fma = (c >> 12) & 1;
   f.osxsave = (c >> 27) & 1;

@@ -26,6 +26,10 @@ struct CpuFeatures {
   bool avx10_512 = false;    // AVX10 version >= 2 with 512-bit vectors
   std::uint64_t xcr0 = 0;    // XGETBV(0) when osxsave
   bool amd = false;          // vendor "AuthenticAMD" (leaf 0): which of the kernels pay off
+  // Leaf 1's signature with the extended fields folded in, as /proc/cpuinfo prints them (AMD Zen 3
+  // and Zen 4 are family 0x19, Zen 5 0x1A; Intel's server cores family 6). It tells apart
+  // generations that share their feature bits but not their vector units.
+  int family = 0, model = 0, stepping = 0;
 
   // The OS saves the SSE and AVX (YMM) state across context switches (else AVX faults).
   bool ymm_os() const { return osxsave && avx && (xcr0 & 0x6) == 0x6; }

@@ -20,6 +20,7 @@
 #include "core/attention/cpu_attention.hpp"
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/cpu/gemm.hpp"
 #include "core/cpu_caps.hpp"
 #include "core/cpuid.hpp"
 #include "core/head/cpu_head.hpp"
@@ -30,6 +31,7 @@
 #include "core/torchscript_archive.hpp"
 #include "core/v1/vit_seg.hpp"
 #include "core/zip_codec.hpp"
+#include "op_counts.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
 
@@ -589,6 +591,142 @@ TEST(UnitNetwork, CpuHeadPathRule) {
     expect_error([] { core::head::cpu_head_path(at::kFloat, kV1); }, ErrorCode::kInvalidInput,
                  {"SAPIENS_SEG_CPU_HEAD", "'mkl'"});
   });
+}
+
+// ---- the float32 GEMM library (core/cpu/gemm) --------------------------------------------------
+
+namespace {
+
+// CPUs described by their CPUID bits, whatever runs the test.
+struct TestCpus {
+  core::CpuFeatures zen3, zen4, zen5, zen6, zen5_no_zmm, intel_avx512, intel_avx2;
+  TestCpus() {
+    core::CpuFeatures avx2;
+    avx2.osxsave = avx2.avx = avx2.avx2 = avx2.fma = avx2.f16c = true;
+    avx2.xcr0 = 0x7;
+    core::CpuFeatures avx512 = avx2;
+    avx512.avx512f = avx512.avx512bw = avx512.avx512dq = avx512.avx512vl = true;
+    avx512.xcr0 = 0xE7;
+    zen3 = avx2;
+    zen3.amd = true;
+    zen3.family = 0x19, zen3.model = 0x01;
+    zen4 = avx512;
+    zen4.amd = true;
+    zen4.family = 0x19, zen4.model = 0x11;
+    zen5 = zen4;
+    zen5.family = 0x1A, zen5.model = 0x02;
+    zen6 = zen5;
+    zen6.family = 0x1B;
+    zen5_no_zmm = zen5;  // an OS (or VM) that does not save the AVX-512 state
+    zen5_no_zmm.xcr0 = 0x7;
+    intel_avx512 = avx512;
+    intel_avx512.family = 6, intel_avx512.model = 0xCF;
+    intel_avx2 = avx2;
+    intel_avx2.family = 6, intel_avx2.model = 0x55;
+  }
+};
+
+}  // namespace
+
+TEST(UnitCpuGemm, Float32LibraryFollowsTheCpuTable) {
+  using core::cpu::float32_gemm_for;
+  using core::cpu::GemmLibrary;
+  const TestCpus c;
+  // oneDNN where MKL runs its AVX2 code on a core with full-width AVX-512: AMD Zen 5 and later.
+  EXPECT_EQ(float32_gemm_for(c.zen5).library, GemmLibrary::kOnednn);
+  EXPECT_EQ(float32_gemm_for(c.zen6).library, GemmLibrary::kOnednn);
+  // MKL elsewhere: Zen 4's 256-bit units, AVX2-only AMD cores, Intel (MKL's own fast path), and
+  // a Zen 5 whose AVX-512 state the OS does not save (oneDNN cannot use AVX-512 there either).
+  for (const auto* cpu : {&c.zen3, &c.zen4, &c.zen5_no_zmm, &c.intel_avx512, &c.intel_avx2}) {
+    EXPECT_EQ(float32_gemm_for(*cpu).library, GemmLibrary::kMkl) << float32_gemm_for(*cpu).reason;
+  }
+  for (const auto* cpu : {&c.zen3, &c.zen4, &c.zen5, &c.intel_avx512}) {
+    EXPECT_FALSE(float32_gemm_for(*cpu).reason.empty());
+  }
+  // The head follows the GEMMs: oneDNN's convolutions on Zen 5 in float32, whatever its width.
+  using core::head::cpu_head_path_for;
+  using core::head::CpuHeadPath;
+  EXPECT_EQ(cpu_head_path_for(c.zen5, at::kFloat, 768), CpuHeadPath::kOnednn);
+  EXPECT_EQ(cpu_head_path_for(c.zen5, at::kFloat, 64), CpuHeadPath::kOnednn);
+  EXPECT_EQ(cpu_head_path_for(c.zen4, at::kFloat, 768), CpuHeadPath::kGemm);
+  EXPECT_EQ(cpu_head_path_for(c.zen5, at::kBFloat16, 768), CpuHeadPath::kGemm);
+}
+
+TEST(UnitCpuGemm, EnvironmentOverridesTheTable) {
+  using core::cpu::float32_gemm;
+  using core::cpu::GemmLibrary;
+  if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: MKL only";
+  test::with_env("SAPIENS_SEG_CPU_GEMM", "onednn", [] {
+    EXPECT_EQ(float32_gemm().library, GemmLibrary::kOnednn);
+    EXPECT_NE(core::cpu::float32_gemm_line().find("oneDNN (SAPIENS_SEG_CPU_GEMM=onednn)"),
+              std::string::npos);
+    // The head's float32 GEMMs move with the backbone's.
+    EXPECT_EQ(core::head::cpu_head_path(at::kFloat, 768), core::head::CpuHeadPath::kOnednn);
+  });
+  test::with_env("SAPIENS_SEG_CPU_GEMM", "mkl", [] {
+    EXPECT_EQ(float32_gemm().library, GemmLibrary::kMkl);
+    EXPECT_NE(core::cpu::float32_gemm_line().find("MKL"), std::string::npos);
+  });
+  test::with_env("SAPIENS_SEG_CPU_GEMM", "auto", [] {
+    EXPECT_EQ(float32_gemm().library,
+              core::cpu::float32_gemm_for(core::host_cpu_features()).library);
+  });
+  test::with_env("SAPIENS_SEG_CPU_GEMM", "blas", [] {
+    expect_error([] { float32_gemm(); }, ErrorCode::kInvalidInput,
+                 {"SAPIENS_SEG_CPU_GEMM", "'blas'"});
+  });
+}
+
+// Each library computes the layers, and the op that ran is the one chosen (the results alone
+// could not tell: both are within float32 rounding of the exact product).
+TEST(UnitCpuGemm, EachLibraryRunsTheLinearLayers) {
+  using core::cpu::GemmLibrary;
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({2, 37, 64}), w = at::randn({48, 64}) / 8, b = at::randn({48});
+  const at::Tensor residual = at::randn({2, 37, 48});
+  const at::Tensor exact =
+      at::matmul(x.to(at::kDouble), w.to(at::kDouble).t()).add(b.to(at::kDouble));
+  auto close = [](const at::Tensor& got, const at::Tensor& want) {
+    EXPECT_EQ(got.sizes(), want.sizes());
+    EXPECT_LE((got.to(at::kDouble) - want).abs().max().item<double>(), 1e-4);
+  };
+  for (const GemmLibrary lib : {GemmLibrary::kMkl, GemmLibrary::kOnednn}) {
+    if (lib == GemmLibrary::kOnednn && !at::hasMKLDNN()) continue;
+    at::Tensor y;
+    const test::OpCounts ops = test::count_ops([&] { y = core::cpu::linear(x, w, b, lib); });
+    close(y, exact);
+    const int onednn = test::count_of(ops, "mkldnn::_linear_pointwise");
+    EXPECT_EQ(onednn, lib == GemmLibrary::kOnednn ? 1 : 0) << core::cpu::to_string(lib);
+    EXPECT_EQ(test::count_of(ops, "aten::linear"), lib == GemmLibrary::kMkl ? 1 : 0);
+  }
+  // bfloat16 stays on at::linear (LibTorch's own oneDNN path) whatever the choice.
+  const test::OpCounts bf16 = test::count_ops([&] {
+    core::cpu::linear(x.to(at::kBFloat16), w.to(at::kBFloat16), b.to(at::kBFloat16),
+                      GemmLibrary::kOnednn);
+  });
+  EXPECT_EQ(test::count_of(bf16, "mkldnn::_linear_pointwise"), 0);
+  // The fused layers, on oneDNN where LibTorch has it.
+  close(core::cpu::linear_gelu(x, w, b), at::gelu(exact));
+  close(core::cpu::linear_add(x, residual, w, b), exact.add(residual.to(at::kDouble)));
+}
+
+TEST(UnitCpuGemm, CpuIdentityIsWhatProcCpuinfoSays) {
+  std::ifstream in("/proc/cpuinfo");
+  std::map<std::string, std::string> first;
+  for (std::string line; std::getline(in, line) && !line.empty();) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    first.emplace(key, colon + 2 <= line.size() ? line.substr(colon + 2) : "");
+  }
+  if (!first.count("cpu family") || !first.count("model") || !first.count("stepping")) {
+    GTEST_SKIP() << "no x86 /proc/cpuinfo here";
+  }
+  const core::CpuFeatures& f = core::host_cpu_features();
+  EXPECT_EQ(f.family, std::stoi(first["cpu family"]));
+  EXPECT_EQ(f.model, std::stoi(first["model"]));
+  EXPECT_EQ(f.stepping, std::stoi(first["stepping"]));
 }
 
 // The fused head runs every dtype the network may have (float16 on CPUs with AMX-FP16; it once

@@ -10,8 +10,10 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/cpu/gemm.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
+#include "op_counts.hpp"
 #include "test_util.hpp"
 
 using namespace sapiens_seg;
@@ -126,6 +128,38 @@ TEST_P(ParityV1, EveryCpuHeadPathMatchesTheReference) {
       EXPECT_LE(d_other, kCpuFp32Bar) << dirs[i];
       if (first.size() <= i) first.push_back(got);
     }
+  }
+}
+
+// Both libraries the float32 GEMMs can run on (cpu/gemm.hpp picks one per CPU; oneDNN on AMD
+// Zen 5, which no CI machine may be) against the reference, each checked to have run: oneDNN
+// leaves no MKL GEMM in the forward pass (the head moves to oneDNN's convolutions with it), MKL
+// runs the QKV projections.
+TEST_P(ParityV1, EveryFloat32GemmLibraryMatchesTheReference) {
+  if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: MKL only";
+  const Loaded m = load_fixture(GetParam());
+  const auto dirs = reference_dirs(GetParam());
+  for (const auto lib : {core::cpu::GemmLibrary::kMkl, core::cpu::GemmLibrary::kOnednn}) {
+    test::with_env("SAPIENS_SEG_CPU_GEMM", core::cpu::to_string(lib), [&] {
+      const core::v1::Network net(m.ckpt.tensors, m.cfg, c10::Device(c10::kCPU), at::kFloat);
+      for (const auto& dir : dirs) {
+        const at::Tensor ref = tensor_of(read_npy((dir / "logits.npy").string()), at::kFloat);
+        at::Tensor got;
+        const test::OpCounts ops =
+            test::count_ops([&] { got = net.forward(library_input(dir).unsqueeze(0))[0]; });
+        const double d = (got - ref).abs().max().item<double>();
+        std::printf("%s %s float32 GEMMs on %s: max |logit diff| %.3g\n", GetParam().c_str(),
+                    dir.filename().c_str(), core::cpu::to_string(lib), d);
+        EXPECT_LE(d, kCpuFp32Bar) << dir;
+        const int mkl_gemms = test::count_of(ops, "aten::addmm") + test::count_of(ops, "aten::mm") +
+                              test::count_of(ops, "aten::linear");
+        if (lib == core::cpu::GemmLibrary::kOnednn) {
+          EXPECT_EQ(mkl_gemms, 0) << dir;
+        } else {
+          EXPECT_GE(test::count_of(ops, "aten::addmm"), m.cfg.depth) << dir;
+        }
+      }
+    });
   }
 }
 

@@ -10,6 +10,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
+#include "../cpu/gemm.hpp"
 #include "../cpuid.hpp"
 #include "channel_ops.hpp"
 #include "sapiens_seg/error.hpp"
@@ -195,6 +196,8 @@ CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int6
   // 1.04 s, then 0.97 against 0.88 s). On AMD's AVX-512 cores oneDNN was not measured against the
   // GEMMs, so they keep them.
   if (!cpu.avx512_core()) return CpuHeadPath::kOnednn;
+  // Where MKL is off its fast path for this CPU (cpu/gemm.hpp), the GEMMs here would be too.
+  if (cpu::float32_gemm_for(cpu).library == cpu::GemmLibrary::kOnednn) return CpuHeadPath::kOnednn;
   return width <= kNarrowHeadWidth && !cpu.amd ? CpuHeadPath::kOnednn : CpuHeadPath::kGemm;
 }
 
@@ -206,6 +209,10 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
     if (v == "onednn") return CpuHeadPath::kOnednn;
     throw Error(ErrorCode::kInvalidInput,
                 "SAPIENS_SEG_CPU_HEAD must be 'gemm' or 'onednn', got '" + v + "'");
+  }
+  // SAPIENS_SEG_CPU_GEMM=onednn moves the head's float32 GEMMs too.
+  if (dtype == at::kFloat && cpu::float32_gemm().library == cpu::GemmLibrary::kOnednn) {
+    return CpuHeadPath::kOnednn;
   }
   return cpu_head_path_for(host_cpu_features(), dtype, width);
 }

@@ -34,8 +34,9 @@ const char* to_string(CpuHeadPath path);
 // convolutions beat MKL's GEMMs on the heads' shapes, and for narrow heads (width <=
 // kNarrowHeadWidth) on Intel's AVX-512 cores; the GEMMs elsewhere, where they were measured as
 // fast or faster (benchmarks/head_bench.cpp). SAPIENS_SEG_CPU_HEAD=gemm or =onednn forces one (A/B
-// benchmarks, tests; another value is an Error(kInvalidInput)); LibTorch without oneDNN always
-// gets kGemm.
+// benchmarks, tests; another value is an Error(kInvalidInput)); otherwise float32 takes kOnednn
+// wherever the float32 GEMMs go to oneDNN (cpu/gemm.hpp, SAPIENS_SEG_CPU_GEMM included). LibTorch
+// without oneDNN always gets kGemm.
 CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width);
 // The rule itself for a given CPU (no environment, no LibTorch check): what the tests vary.
 CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width);

@@ -1,18 +1,16 @@
 #include "vit_seg.hpp"
 
-#include <atomic>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <numeric>
 #include <sstream>
 #include <vector>
 
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 
 #include "../attention/cpu_attention.hpp"
+#include "../cpu/gemm.hpp"
 #include "../layout.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -196,67 +194,6 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
 
 namespace {
 
-// Linear layers on the CPU through oneDNN (LibTorch's `mkldnn::_linear_pointwise`, the op its own
-// compiler emits for CPU linears) with GELU or the residual add fused into the GEMM. On a 2-core
-// AVX-512 machine this runs the backbone's GEMMs 5-20 % faster than at::addmm's MKL path and saves
-// the separate GELU and residual passes. Where this LibTorch lacks the op (built without oneDNN),
-// or refuses it for a dtype (bfloat16 on CPUs without AVX-512), the plain ops run instead.
-std::atomic<bool>& onednn_flag(at::ScalarType dtype) {
-  static std::atomic<bool> f32{true}, other{true};
-  return dtype == at::kFloat ? f32 : other;
-}
-
-const c10::OperatorHandle* onednn_linear(bool binary, at::ScalarType dtype) {
-  static const std::optional<c10::OperatorHandle> plain_op =
-      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
-  static const std::optional<c10::OperatorHandle> binary_op =
-      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", "binary"});
-  if (!onednn_flag(dtype).load()) return nullptr;
-  const auto& op = binary ? binary_op : plain_op;
-  return op ? &*op : nullptr;
-}
-
-// Runs the boxed op; a refusal (c10::Error) turns oneDNN off for that dtype for good.
-bool call_onednn(const c10::OperatorHandle* op, std::vector<c10::IValue>& stack,
-                 at::ScalarType dtype) {
-  if (!op) return false;
-  try {
-    op->callBoxed(stack);
-    return true;
-  } catch (const c10::Error&) {
-    onednn_flag(dtype).store(false);
-    return false;
-  }
-}
-
-// y = act(x W^T + b) with act "none" or "gelu" (exact erf).
-at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                      const char* act) {
-  const bool gelu = std::strcmp(act, "gelu") == 0;
-  std::vector<c10::IValue> stack{x,
-                                 w,
-                                 b,
-                                 std::string(act),
-                                 c10::List<std::optional<at::Scalar>>(),
-                                 std::string(gelu ? "none" : "")};
-  if (call_onednn(onednn_linear(false, x.scalar_type()), stack, x.scalar_type())) {
-    return stack[0].toTensor();
-  }
-  at::Tensor y = at::linear(x, w, b);
-  if (gelu) at::gelu_(y);
-  return y;
-}
-
-// residual + x W^T + b.
-at::Tensor linear_add_cpu(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                          const at::Tensor& b) {
-  std::vector<c10::IValue> stack{x, residual, w, b, std::string("add")};
-  if (call_onednn(onednn_linear(true, x.scalar_type()), stack, x.scalar_type())) {
-    return stack[0].toTensor();
-  }
-  return at::linear(x, w, b).add_(residual);
-}
-
 constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the backbone's MLP on the CPU
 
 }  // namespace
@@ -307,15 +244,26 @@ at::Tensor Network::forward(const at::Tensor& input) const {
   auto layer_norm = [&](const at::Tensor& w, const at::Tensor& b) {
     at::native_layer_norm_out(h, ln_mean, ln_rstd, x, {C}, w, b, kLayerNormEps);
   };
-  const bool cpu = device_.is_cpu();
+  const bool on_cpu = device_.is_cpu();
   const attention::CpuAttentionPath attn_path =
-      cpu ? attention::cpu_attention_path(dtype_, hd) : attention::CpuAttentionPath::kLibTorch;
-  at::Tensor qkv = cpu ? at::empty({M, 3 * C}, x.options()) : at::Tensor();
+      on_cpu ? attention::cpu_attention_path(dtype_, hd) : attention::CpuAttentionPath::kLibTorch;
+  at::Tensor qkv = on_cpu ? at::empty({M, 3 * C}, x.options()) : at::Tensor();
+  // The fused projections and MLP (cpu::linear_add, cpu::linear_gelu) run on oneDNN whatever this
+  // says; it decides the plain GEMMs (QKV) in float32.
+  const cpu::GemmLibrary gemm =
+      on_cpu && dtype_ == at::kFloat ? cpu::float32_gemm().library : cpu::GemmLibrary::kMkl;
   bool first = true;
   for (const Block& b : blocks_) {
     if (!first) layer_norm(b.ln1_w, b.ln1_b);
     first = false;
-    if (cpu) {
+    if (on_cpu && gemm == cpu::GemmLibrary::kOnednn) {
+      // oneDNN's op has no out= form: row chunks small enough for the allocator to reuse, copied
+      // into the per-call buffer (a fresh 3C-wide map per block would cost a page fault per 4 KiB).
+      for (int64_t r = 0; r < M; r += kMlpRows) {
+        const int64_t n = std::min(kMlpRows, M - r);
+        qkv.narrow(0, r, n).copy_(cpu::linear(h.narrow(0, r, n), b.qkv_w, b.qkv_b, gemm));
+      }
+    } else if (on_cpu) {
       at::addmm_out(qkv, b.qkv_b, h, b.qkv_w.t());
     } else {
       qkv = at::linear(h, b.qkv_w, b.qkv_b);
@@ -323,25 +271,25 @@ at::Tensor Network::forward(const at::Tensor& input) const {
     // [B, N, 3, heads, hd] -> q, k, v as [B, heads, N, hd] views; rows of qkv.weight are Q, K, V.
     const at::Tensor q5 = qkv.view({B, N, 3, c.heads, hd}).permute({2, 0, 3, 1, 4});
     at::Tensor o;
-    if (cpu) {
+    if (on_cpu) {
       o = attention::cpu_attention(q5[0], q5[1], q5[2], attn_path).view({M, C});
     } else {
       o = at::scaled_dot_product_attention(q5[0], q5[1], q5[2]).transpose(1, 2).reshape({M, C});
     }
-    if (cpu) {
-      x = linear_add_cpu(o, x, b.proj_w, b.proj_b);
+    if (on_cpu) {
+      x = cpu::linear_add(o, x, b.proj_w, b.proj_b);
     } else {
       x.add_(at::linear(o, b.proj_w, b.proj_b));
     }
     layer_norm(b.ln2_w, b.ln2_b);
-    if (cpu) {
+    if (on_cpu) {
       // The MLP in row chunks: each chunk's hidden activation (4C wide) stays in the last-level
       // cache between the two GEMMs.
       for (int64_t r = 0; r < M; r += kMlpRows) {
         const int64_t n = std::min(kMlpRows, M - r);
         at::Tensor xr = x.narrow(0, r, n);
-        xr.copy_(linear_add_cpu(linear_cpu(h.narrow(0, r, n), b.fc1_w, b.fc1_b, "gelu"), xr,
-                                b.fc2_w, b.fc2_b));
+        xr.copy_(cpu::linear_add(cpu::linear_gelu(h.narrow(0, r, n), b.fc1_w, b.fc1_b), xr, b.fc2_w,
+                                 b.fc2_b));
       }
     } else {
       at::Tensor hidden = at::linear(h, b.fc1_w, b.fc1_b);

@@ -451,13 +451,21 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
     const at::Tensor t = proj.view({B, N, n_heads, hd});
     return own_ops ? rms_norm(t, w).transpose(1, 2) : rms_norm(t.transpose(1, 2), w);
   };
+  // The backbone's float32 GEMMs stay on MKL, LibTorch's own choice and so the authors' module's,
+  // on every CPU, whatever cpu/gemm.hpp picks for Sapiens v1 and the heads: the bf16 rounding of
+  // q and k before RoPE turns oneDNN's different float32 ulps into whole bf16 steps. With
+  // oneDNN's GEMMs the tiny fixture's logits moved 0.0026-0.0058 from the reference, against
+  // 4-7e-6 with MKL and the 0.002 bar (ParitySapiens2.Float32BackboneKeepsTheModulesGemms).
+  auto linear = [](const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
+    return at::linear(t, w, bias);
+  };
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const Block& b = blocks_[i];
     const int64_t kv = b.kv_heads;
     at::Tensor h = rms_norm(x, b.ln1_w);
-    at::Tensor q = rope(heads(at::linear(h, b.wq_w, b.wq_b), H, b.q_norm_w));
-    at::Tensor k = rope(heads(at::linear(h, b.wk_w, b.wk_b), kv, b.k_norm_w));
-    at::Tensor v = at::linear(h, b.wv_w, b.wv_b).view({B, N, kv, hd}).transpose(1, 2);
+    at::Tensor q = rope(heads(linear(h, b.wq_w, b.wq_b), H, b.q_norm_w));
+    at::Tensor k = rope(heads(linear(h, b.wk_w, b.wk_b), kv, b.k_norm_w));
+    at::Tensor v = linear(h, b.wv_w, b.wv_b).view({B, N, kv, hd}).transpose(1, 2);
     at::Tensor o;
     if (device_.is_cpu()) {  // takes the grouped kv heads as they are
       o = attention::cpu_attention(q, k, v, attn_path).view({B, N, C});
@@ -468,14 +476,14 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
       }
       o = at::scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape({B, N, C});
     }
-    x = x + at::linear(o, b.proj_w, b.proj_b).mul(b.gamma);
+    x = x + linear(o, b.proj_w, b.proj_b).mul(b.gamma);
     h = rms_norm(x, b.ln2_w);
     if (own_ops) {
       mlp_cpu(b, h);
     } else {
       // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.
-      const auto halves = at::linear(h, b.w12_w, b.w12_b).chunk(2, -1);
-      x = x + at::linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
+      const auto halves = linear(h, b.w12_w, b.w12_b).chunk(2, -1);
+      x = x + linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
     }
     if (trace) {
       trace->put((i < 10 ? "block_0" : "block_") + std::to_string(i), x);

@@ -1,0 +1,147 @@
+#include "gemm.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <optional>
+#include <vector>
+
+#include "sapiens_seg/error.hpp"
+
+namespace sapiens_seg::core::cpu {
+
+namespace {
+
+// AMD's families: 0x17 Zen 1/Zen+/Zen 2, 0x19 Zen 3/Zen 4, 0x1A Zen 5.
+constexpr int kAmdZen5Family = 0x1A;
+
+const c10::OperatorHandle* onednn_op(const char* overload) {
+  // One handle per overload, looked up once; null where this LibTorch has no oneDNN.
+  static const std::optional<c10::OperatorHandle> plain =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  static const std::optional<c10::OperatorHandle> binary =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", "binary"});
+  const auto& op = std::string(overload).empty() ? plain : binary;
+  return op ? &*op : nullptr;
+}
+
+// oneDNN refuses some dtypes on some CPUs (bfloat16 without AVX-512, for one); the first refusal
+// turns its op off for that dtype for the life of the process.
+std::atomic<bool>& onednn_usable(at::ScalarType dtype) {
+  static std::atomic<bool> f32{true}, other{true};
+  return dtype == at::kFloat ? f32 : other;
+}
+
+bool call_onednn(const char* overload, std::vector<c10::IValue>& stack, at::ScalarType dtype) {
+  const c10::OperatorHandle* op = onednn_op(overload);
+  if (!op || !onednn_usable(dtype).load()) return false;
+  try {
+    op->callBoxed(stack);
+    return true;
+  } catch (const c10::Error&) {
+    onednn_usable(dtype).store(false);
+    return false;
+  }
+}
+
+// oneDNN's linear takes a 2-D input; the networks' [B, N, K] activations are flattened and the
+// result viewed back.
+at::Tensor rows_of(const at::Tensor& x) {
+  return x.reshape({-1, x.size(-1)});
+}
+
+at::Tensor shaped_like(const at::Tensor& y, const at::Tensor& x) {
+  if (x.dim() == 2) return y;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = y.size(-1);
+  return y.view(shape);
+}
+
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                         const char* act) {
+  const bool gelu = std::string(act) == "gelu";
+  std::vector<c10::IValue> stack{rows_of(x),
+                                 w,
+                                 b,
+                                 std::string(act),
+                                 c10::List<std::optional<at::Scalar>>(),
+                                 std::string(gelu ? "none" : "")};
+  if (!call_onednn("", stack, x.scalar_type())) return {};
+  return shaped_like(stack[0].toTensor(), x);
+}
+
+}  // namespace
+
+const char* to_string(GemmLibrary library) {
+  return library == GemmLibrary::kOnednn ? "onednn" : "mkl";
+}
+
+GemmChoice float32_gemm_for(const CpuFeatures& cpu) {
+  if (cpu.amd && cpu.avx512_core() && cpu.family >= kAmdZen5Family) {
+    return {GemmLibrary::kOnednn,
+            "AMD Zen 5 or later with AVX-512: MKL runs its AVX2 code on AMD cores, oneDNN the full "
+            "512-bit width (2.2x MKL's rate at 4096^3 on Zen 5)"};
+  }
+  if (cpu.amd && cpu.avx512_core()) {
+    return {GemmLibrary::kMkl,
+            "AMD Zen 4: 256-bit AVX-512 units, where MKL's AVX2 code and oneDNN's AVX-512 ran "
+            "alike; LibTorch's default"};
+  }
+  if (cpu.amd) {
+    return {GemmLibrary::kMkl,
+            "AMD without AVX-512: MKL and oneDNN both run AVX2 code; LibTorch's default"};
+  }
+  return {GemmLibrary::kMkl, "MKL takes its widest code path on this CPU; LibTorch's default"};
+}
+
+GemmChoice float32_gemm() {
+  if (!at::hasMKLDNN() || !onednn_op("")) {
+    return {GemmLibrary::kMkl, "this LibTorch has no oneDNN"};
+  }
+  if (const char* env = std::getenv("SAPIENS_SEG_CPU_GEMM"); env && *env) {
+    const std::string v(env);
+    if (v == "mkl") return {GemmLibrary::kMkl, "SAPIENS_SEG_CPU_GEMM=mkl"};
+    if (v == "onednn") return {GemmLibrary::kOnednn, "SAPIENS_SEG_CPU_GEMM=onednn"};
+    if (v != "auto") {
+      throw Error(ErrorCode::kInvalidInput,
+                  "SAPIENS_SEG_CPU_GEMM must be 'mkl', 'onednn' or 'auto', got '" + v + "'");
+    }
+  }
+  return float32_gemm_for(host_cpu_features());
+}
+
+std::string float32_gemm_line() {
+  const GemmChoice c = float32_gemm();
+  if (c.library == GemmLibrary::kMkl) return "float32 GEMMs: MKL (" + c.reason + ")";
+  return "float32 GEMMs: oneDNN (" + c.reason +
+         "); Sapiens2's backbone keeps MKL, the authors' float32 rounding, which its bf16 RoPE "
+         "needs for parity";
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                  GemmLibrary library) {
+  if (library == GemmLibrary::kOnednn && x.scalar_type() == at::kFloat && x.device().is_cpu()) {
+    if (at::Tensor y = onednn_linear(x, w, b, "none"); y.defined()) return y;
+  }
+  return at::linear(x, w, b);
+}
+
+at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (at::Tensor y = onednn_linear(x, w, b, "gelu"); y.defined()) return y;
+  at::Tensor y = at::linear(x, w, b);
+  at::gelu_(y);  // exact erf, as nn.GELU()
+  return y;
+}
+
+at::Tensor linear_add(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                      const at::Tensor& b) {
+  std::vector<c10::IValue> stack{rows_of(x), rows_of(residual), w, b, std::string("add")};
+  if (call_onednn("binary", stack, x.scalar_type())) {
+    return shaped_like(stack[0].toTensor(), residual);
+  }
+  return at::linear(x, w, b).add_(residual);
+}
+
+}  // namespace sapiens_seg::core::cpu
