@@ -628,21 +628,27 @@ struct TestCpus {
 
 }  // namespace
 
-TEST(UnitCpuGemm, Float32LibraryFollowsTheCpuTable) {
+TEST(UnitCpuGemm, Float32PolicyFollowsTheCpuTable) {
   using core::cpu::float32_gemm_for;
-  using core::cpu::GemmLibrary;
+  using core::cpu::GemmPolicy;
   const TestCpus c;
   // oneDNN where MKL runs its AVX2 code on a core with full-width AVX-512: AMD Zen 5 and later.
-  EXPECT_EQ(float32_gemm_for(c.zen5).library, GemmLibrary::kOnednn);
-  EXPECT_EQ(float32_gemm_for(c.zen6).library, GemmLibrary::kOnednn);
-  // MKL elsewhere: Zen 4's 256-bit units, AVX2-only AMD cores, Intel (MKL's own fast path), and
-  // a Zen 5 whose AVX-512 state the OS does not save (oneDNN cannot use AVX-512 there either).
-  for (const auto* cpu : {&c.zen3, &c.zen4, &c.zen5_no_zmm, &c.intel_avx512, &c.intel_avx2}) {
-    EXPECT_EQ(float32_gemm_for(*cpu).library, GemmLibrary::kMkl) << float32_gemm_for(*cpu).reason;
+  EXPECT_EQ(float32_gemm_for(c.zen5).policy, GemmPolicy::kOnednn);
+  EXPECT_EQ(float32_gemm_for(c.zen6).policy, GemmPolicy::kOnednn);
+  // MKL throughout on AMD's AVX2 cores (its GEMMs outran oneDNN's fused ones on Zen 3), and on a
+  // Zen 5 whose AVX-512 state the OS does not save (oneDNN cannot use AVX-512 there either).
+  EXPECT_EQ(float32_gemm_for(c.zen3).policy, GemmPolicy::kMkl);
+  EXPECT_EQ(float32_gemm_for(c.zen5_no_zmm).policy, GemmPolicy::kMkl);
+  // Split elsewhere: Zen 4's 256-bit units and Intel, where the libraries' GEMMs ran alike.
+  for (const auto* cpu : {&c.zen4, &c.intel_avx512, &c.intel_avx2}) {
+    EXPECT_EQ(float32_gemm_for(*cpu).policy, GemmPolicy::kSplit) << float32_gemm_for(*cpu).reason;
   }
   for (const auto* cpu : {&c.zen3, &c.zen4, &c.zen5, &c.intel_avx512}) {
     EXPECT_FALSE(float32_gemm_for(*cpu).reason.empty());
   }
+  // Other dtypes keep the split (LibTorch runs their plain GEMMs on oneDNN anyway).
+  EXPECT_EQ(core::cpu::policy_for(at::kBFloat16, GemmPolicy::kMkl), GemmPolicy::kSplit);
+  EXPECT_EQ(core::cpu::policy_for(at::kFloat, GemmPolicy::kMkl), GemmPolicy::kMkl);
   // The head follows the GEMMs: oneDNN's convolutions on Zen 5 in float32, whatever its width.
   using core::head::cpu_head_path_for;
   using core::head::CpuHeadPath;
@@ -654,22 +660,24 @@ TEST(UnitCpuGemm, Float32LibraryFollowsTheCpuTable) {
 
 TEST(UnitCpuGemm, EnvironmentOverridesTheTable) {
   using core::cpu::float32_gemm;
-  using core::cpu::GemmLibrary;
+  using core::cpu::GemmPolicy;
   if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: MKL only";
   test::with_env("SAPIENS_SEG_CPU_GEMM", "onednn", [] {
-    EXPECT_EQ(float32_gemm().library, GemmLibrary::kOnednn);
+    EXPECT_EQ(float32_gemm().policy, GemmPolicy::kOnednn);
     EXPECT_NE(core::cpu::float32_gemm_line().find("oneDNN (SAPIENS_SEG_CPU_GEMM=onednn)"),
               std::string::npos);
     // The head's float32 GEMMs move with the backbone's.
     EXPECT_EQ(core::head::cpu_head_path(at::kFloat, 768), core::head::CpuHeadPath::kOnednn);
   });
   test::with_env("SAPIENS_SEG_CPU_GEMM", "mkl", [] {
-    EXPECT_EQ(float32_gemm().library, GemmLibrary::kMkl);
-    EXPECT_NE(core::cpu::float32_gemm_line().find("MKL"), std::string::npos);
+    EXPECT_EQ(float32_gemm().policy, GemmPolicy::kMkl);
+    EXPECT_NE(core::cpu::float32_gemm_line().find("MKL (SAPIENS_SEG_CPU_GEMM=mkl)"),
+              std::string::npos);
   });
+  test::with_env("SAPIENS_SEG_CPU_GEMM", "split",
+                 [] { EXPECT_EQ(float32_gemm().policy, GemmPolicy::kSplit); });
   test::with_env("SAPIENS_SEG_CPU_GEMM", "auto", [] {
-    EXPECT_EQ(float32_gemm().library,
-              core::cpu::float32_gemm_for(core::host_cpu_features()).library);
+    EXPECT_EQ(float32_gemm().policy, core::cpu::float32_gemm_for(core::host_cpu_features()).policy);
   });
   test::with_env("SAPIENS_SEG_CPU_GEMM", "blas", [] {
     expect_error([] { float32_gemm(); }, ErrorCode::kInvalidInput,
@@ -677,10 +685,10 @@ TEST(UnitCpuGemm, EnvironmentOverridesTheTable) {
   });
 }
 
-// Each library computes the layers, and the op that ran is the one chosen (the results alone
-// could not tell: both are within float32 rounding of the exact product).
-TEST(UnitCpuGemm, EachLibraryRunsTheLinearLayers) {
-  using core::cpu::GemmLibrary;
+// Each policy computes the layers, on the library it names (the results alone could not tell:
+// both libraries are within float32 rounding of the exact product).
+TEST(UnitCpuGemm, EachPolicyRunsTheLayersOnItsLibrary) {
+  using core::cpu::GemmPolicy;
   at::manual_seed(3);
   const at::Tensor x = at::randn({2, 37, 64}), w = at::randn({48, 64}) / 8, b = at::randn({48});
   const at::Tensor residual = at::randn({2, 37, 48});
@@ -690,24 +698,29 @@ TEST(UnitCpuGemm, EachLibraryRunsTheLinearLayers) {
     EXPECT_EQ(got.sizes(), want.sizes());
     EXPECT_LE((got.to(at::kDouble) - want).abs().max().item<double>(), 1e-4);
   };
-  for (const GemmLibrary lib : {GemmLibrary::kMkl, GemmLibrary::kOnednn}) {
-    if (lib == GemmLibrary::kOnednn && !at::hasMKLDNN()) continue;
-    at::Tensor y;
-    const test::OpCounts ops = test::count_ops([&] { y = core::cpu::linear(x, w, b, lib); });
-    close(y, exact);
+  for (const GemmPolicy p : {GemmPolicy::kMkl, GemmPolicy::kSplit, GemmPolicy::kOnednn}) {
+    if (p != GemmPolicy::kMkl && !at::hasMKLDNN()) continue;
+    SCOPED_TRACE(core::cpu::to_string(p));
+    at::Tensor plain, gelu, add;
+    const test::OpCounts ops = test::count_ops([&] {
+      plain = core::cpu::linear(x, w, b, p);
+      gelu = core::cpu::linear_gelu(x, w, b, p);
+      add = core::cpu::linear_add(x, residual, w, b, p);
+    });
+    close(plain, exact);
+    close(gelu, at::gelu(exact));
+    close(add, exact.add(residual.to(at::kDouble)));
+    // mkl: three at::linear; split: the plain one on MKL, the fused two on oneDNN; onednn: three.
     const int onednn = test::count_of(ops, "mkldnn::_linear_pointwise");
-    EXPECT_EQ(onednn, lib == GemmLibrary::kOnednn ? 1 : 0) << core::cpu::to_string(lib);
-    EXPECT_EQ(test::count_of(ops, "aten::linear"), lib == GemmLibrary::kMkl ? 1 : 0);
+    EXPECT_EQ(onednn, p == GemmPolicy::kMkl ? 0 : p == GemmPolicy::kSplit ? 2 : 3);
+    EXPECT_EQ(test::count_of(ops, "aten::linear"), 3 - onednn);
   }
-  // bfloat16 stays on at::linear (LibTorch's own oneDNN path) whatever the choice.
+  // bfloat16's plain GEMM stays on at::linear (LibTorch's own oneDNN path) under any policy.
   const test::OpCounts bf16 = test::count_ops([&] {
     core::cpu::linear(x.to(at::kBFloat16), w.to(at::kBFloat16), b.to(at::kBFloat16),
-                      GemmLibrary::kOnednn);
+                      core::cpu::policy_for(at::kBFloat16, GemmPolicy::kOnednn));
   });
   EXPECT_EQ(test::count_of(bf16, "mkldnn::_linear_pointwise"), 0);
-  // The fused layers, on oneDNN where LibTorch has it.
-  close(core::cpu::linear_gelu(x, w, b), at::gelu(exact));
-  close(core::cpu::linear_add(x, residual, w, b), exact.add(residual.to(at::kDouble)));
 }
 
 TEST(UnitCpuGemm, CpuIdentityIsWhatProcCpuinfoSays) {

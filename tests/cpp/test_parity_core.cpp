@@ -131,16 +131,17 @@ TEST_P(ParityV1, EveryCpuHeadPathMatchesTheReference) {
   }
 }
 
-// Both libraries the float32 GEMMs can run on (cpu/gemm.hpp picks one per CPU; oneDNN on AMD
-// Zen 5, which no CI machine may be) against the reference, each checked to have run: oneDNN
-// leaves no MKL GEMM in the forward pass (the head moves to oneDNN's convolutions with it), MKL
-// runs the QKV projections.
-TEST_P(ParityV1, EveryFloat32GemmLibraryMatchesTheReference) {
+// Every float32 GEMM policy (cpu/gemm.hpp picks one per CPU; oneDNN throughout on AMD Zen 5,
+// which no CI machine may be) against the reference, each checked to have run on its library:
+// oneDNN leaves no MKL GEMM in the forward pass (the head moves to oneDNN's convolutions with it),
+// MKL no oneDNN linear, the split both.
+TEST_P(ParityV1, EveryFloat32GemmPolicyMatchesTheReference) {
+  using core::cpu::GemmPolicy;
   if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: MKL only";
   const Loaded m = load_fixture(GetParam());
   const auto dirs = reference_dirs(GetParam());
-  for (const auto lib : {core::cpu::GemmLibrary::kMkl, core::cpu::GemmLibrary::kOnednn}) {
-    test::with_env("SAPIENS_SEG_CPU_GEMM", core::cpu::to_string(lib), [&] {
+  for (const auto p : {GemmPolicy::kMkl, GemmPolicy::kSplit, GemmPolicy::kOnednn}) {
+    test::with_env("SAPIENS_SEG_CPU_GEMM", core::cpu::to_string(p), [&] {
       const core::v1::Network net(m.ckpt.tensors, m.cfg, c10::Device(c10::kCPU), at::kFloat);
       for (const auto& dir : dirs) {
         const at::Tensor ref = tensor_of(read_npy((dir / "logits.npy").string()), at::kFloat);
@@ -148,15 +149,19 @@ TEST_P(ParityV1, EveryFloat32GemmLibraryMatchesTheReference) {
         const test::OpCounts ops =
             test::count_ops([&] { got = net.forward(library_input(dir).unsqueeze(0))[0]; });
         const double d = (got - ref).abs().max().item<double>();
-        std::printf("%s %s float32 GEMMs on %s: max |logit diff| %.3g\n", GetParam().c_str(),
-                    dir.filename().c_str(), core::cpu::to_string(lib), d);
+        std::printf("%s %s float32 GEMMs %s: max |logit diff| %.3g\n", GetParam().c_str(),
+                    dir.filename().c_str(), core::cpu::to_string(p), d);
         EXPECT_LE(d, kCpuFp32Bar) << dir;
-        const int mkl_gemms = test::count_of(ops, "aten::addmm") + test::count_of(ops, "aten::mm") +
-                              test::count_of(ops, "aten::linear");
-        if (lib == core::cpu::GemmLibrary::kOnednn) {
-          EXPECT_EQ(mkl_gemms, 0) << dir;
+        const int onednn = test::count_of(ops, "mkldnn::_linear_pointwise");
+        const int mkl = test::count_of(ops, "aten::addmm") + test::count_of(ops, "aten::mm") +
+                        test::count_of(ops, "aten::linear");
+        if (p == GemmPolicy::kOnednn) {
+          EXPECT_EQ(mkl, 0) << dir;
+        } else if (p == GemmPolicy::kMkl) {
+          EXPECT_EQ(onednn, 0) << dir;
         } else {
-          EXPECT_GE(test::count_of(ops, "aten::addmm"), m.cfg.depth) << dir;
+          EXPECT_GE(test::count_of(ops, "aten::addmm"), m.cfg.depth) << dir;  // QKV
+          EXPECT_GE(onednn, 2 * m.cfg.depth) << dir;  // projection and MLP, fused
         }
       }
     });

@@ -313,10 +313,10 @@ TEST(ParitySapiens2, Float32BackboneKeepsTheModulesGemms) {
   if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: MKL only";
   const auto t = open_tensors("s2_tiny.safetensors");
   const auto cfg = config_of(t);
-  for (const auto lib : {core::cpu::GemmLibrary::kMkl, core::cpu::GemmLibrary::kOnednn}) {
-    test::with_env("SAPIENS_SEG_CPU_GEMM", core::cpu::to_string(lib), [&] {
+  for (const auto p : {core::cpu::GemmPolicy::kMkl, core::cpu::GemmPolicy::kOnednn}) {
+    test::with_env("SAPIENS_SEG_CPU_GEMM", core::cpu::to_string(p), [&] {
       const core::v2::Network net(t, cfg, c10::Device(c10::kCPU), at::kFloat);
-      if (lib == core::cpu::GemmLibrary::kOnednn) {
+      if (p == core::cpu::GemmPolicy::kOnednn) {
         EXPECT_EQ(net.cpu_head().path(), core::head::CpuHeadPath::kOnednn);
       }
       for (const auto& dir : full_size_dirs("s2_tiny")) {
@@ -325,7 +325,7 @@ TEST(ParitySapiens2, Float32BackboneKeepsTheModulesGemms) {
             test::count_ops([&] { got = net.forward(library_input(dir).unsqueeze(0)); });
         const double d = max_diff(got, ref(dir, "logits"));
         std::printf("s2_tiny %s SAPIENS_SEG_CPU_GEMM=%s: max |logit diff| %.3g (bar %.3g)\n",
-                    dir.filename().c_str(), core::cpu::to_string(lib), d, kCpuFp32Bar);
+                    dir.filename().c_str(), core::cpu::to_string(p), d, kCpuFp32Bar);
         EXPECT_LE(d, kCpuFp32Bar) << dir;
         EXPECT_EQ(test::count_of(ops, "mkldnn::_linear_pointwise"), 0) << dir;
         EXPECT_GE(test::count_of(ops, "aten::linear"), 6 * cfg.depth) << dir;

@@ -51,7 +51,8 @@ def test_info_names_the_cpu_by_vendor_family_model_and_stepping():
     assert want in r.stdout
 
 
-@pytest.mark.parametrize("value,library", [("onednn", "oneDNN"), ("mkl", "MKL")])
+@pytest.mark.parametrize("value,library", [("onednn", "oneDNN"), ("mkl", "MKL"),
+                                           ("split", "MKL, oneDNN with fused GELU/residual")])
 def test_info_says_which_library_runs_float32_gemms_and_why(value, library):
     r = info(SAPIENS_SEG_CPU_GEMM=value)
     assert r.returncode == 0, r.stderr
@@ -68,8 +69,12 @@ def test_info_follows_the_cpu_table_by_default():
     zen5_or_later = (fields.get("vendor_id") == "AuthenticAMD"
                      and int(fields.get("cpu family", "0")) >= 0x1A
                      and {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags)
-    assert line.startswith("float32 GEMMs: oneDNN (" if zen5_or_later else "float32 GEMMs: MKL ("), \
-        line
+    amd_avx2 = (fields.get("vendor_id") == "AuthenticAMD" and "avx512f" not in flags
+                and {"avx2", "fma"} <= flags)
+    want = ("float32 GEMMs: oneDNN (" if zen5_or_later else
+            "float32 GEMMs: MKL (" if amd_avx2 else
+            "float32 GEMMs: MKL, oneDNN with fused GELU/residual (")
+    assert line.startswith(want), line
 
 
 def test_a_malformed_override_is_refused_by_name():

@@ -74,39 +74,46 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 
 }  // namespace
 
-const char* to_string(GemmLibrary library) {
-  return library == GemmLibrary::kOnednn ? "onednn" : "mkl";
+const char* to_string(GemmPolicy policy) {
+  switch (policy) {
+    case GemmPolicy::kMkl:
+      return "mkl";
+    case GemmPolicy::kOnednn:
+      return "onednn";
+    default:
+      return "split";
+  }
 }
 
 GemmChoice float32_gemm_for(const CpuFeatures& cpu) {
   if (cpu.amd && cpu.avx512_core() && cpu.family >= kAmdZen5Family) {
-    return {GemmLibrary::kOnednn,
+    return {GemmPolicy::kOnednn,
             "AMD Zen 5 or later with AVX-512: MKL runs its AVX2 code on AMD cores, oneDNN the full "
             "512-bit width (2.2x MKL's rate at 4096^3 on Zen 5)"};
   }
-  if (cpu.amd && cpu.avx512_core()) {
-    return {GemmLibrary::kMkl,
-            "AMD Zen 4: 256-bit AVX-512 units, where MKL's AVX2 code and oneDNN's AVX-512 ran "
-            "alike; LibTorch's default"};
+  if (cpu.amd && !cpu.avx512_core() && cpu.avx2_fma()) {
+    return {GemmPolicy::kMkl,
+            "AMD without AVX-512: MKL's AVX2 GEMMs ran the networks' shapes 1.06-1.25x oneDNN's on "
+            "Zen 3, more than the fused GELU and residual passes save"};
   }
-  if (cpu.amd) {
-    return {GemmLibrary::kMkl,
-            "AMD without AVX-512: MKL and oneDNN both run AVX2 code; LibTorch's default"};
-  }
-  return {GemmLibrary::kMkl, "MKL takes its widest code path on this CPU; LibTorch's default"};
+  return {GemmPolicy::kSplit,
+          "MKL for plain GEMMs, oneDNN where it fuses the GELU or the residual add (Zen 4 and "
+          "Intel AVX-512 cores, where the two libraries' GEMMs ran alike)"};
 }
 
 GemmChoice float32_gemm() {
   if (!at::hasMKLDNN() || !onednn_op("")) {
-    return {GemmLibrary::kMkl, "this LibTorch has no oneDNN"};
+    return {GemmPolicy::kMkl, "this LibTorch has no oneDNN"};
   }
   if (const char* env = std::getenv("SAPIENS_SEG_CPU_GEMM"); env && *env) {
     const std::string v(env);
-    if (v == "mkl") return {GemmLibrary::kMkl, "SAPIENS_SEG_CPU_GEMM=mkl"};
-    if (v == "onednn") return {GemmLibrary::kOnednn, "SAPIENS_SEG_CPU_GEMM=onednn"};
+    for (const GemmPolicy p : {GemmPolicy::kMkl, GemmPolicy::kSplit, GemmPolicy::kOnednn}) {
+      if (v == to_string(p)) return {p, "SAPIENS_SEG_CPU_GEMM=" + v};
+    }
     if (v != "auto") {
-      throw Error(ErrorCode::kInvalidInput,
-                  "SAPIENS_SEG_CPU_GEMM must be 'mkl', 'onednn' or 'auto', got '" + v + "'");
+      throw Error(
+          ErrorCode::kInvalidInput,
+          "SAPIENS_SEG_CPU_GEMM must be 'mkl', 'split', 'onednn' or 'auto', got '" + v + "'");
     }
   }
   return float32_gemm_for(host_cpu_features());
@@ -114,32 +121,47 @@ GemmChoice float32_gemm() {
 
 std::string float32_gemm_line() {
   const GemmChoice c = float32_gemm();
-  if (c.library == GemmLibrary::kMkl) return "float32 GEMMs: MKL (" + c.reason + ")";
-  return "float32 GEMMs: oneDNN (" + c.reason +
-         "); Sapiens2's backbone keeps MKL, the authors' float32 rounding, which its bf16 RoPE "
-         "needs for parity";
+  switch (c.policy) {
+    case GemmPolicy::kMkl:
+      return "float32 GEMMs: MKL (" + c.reason + ")";
+    case GemmPolicy::kSplit:
+      return "float32 GEMMs: MKL, oneDNN with fused GELU/residual (" + c.reason + ")";
+    default:
+      return "float32 GEMMs: oneDNN (" + c.reason +
+             "); Sapiens2's backbone keeps MKL, the authors' float32 rounding, which its bf16 "
+             "RoPE needs for parity";
+  }
+}
+
+GemmPolicy policy_for(at::ScalarType dtype, GemmPolicy float32_policy) {
+  return dtype == at::kFloat ? float32_policy : GemmPolicy::kSplit;
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                  GemmLibrary library) {
-  if (library == GemmLibrary::kOnednn && x.scalar_type() == at::kFloat && x.device().is_cpu()) {
+                  GemmPolicy policy) {
+  if (policy == GemmPolicy::kOnednn && x.device().is_cpu()) {
     if (at::Tensor y = onednn_linear(x, w, b, "none"); y.defined()) return y;
   }
   return at::linear(x, w, b);
 }
 
-at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (at::Tensor y = onednn_linear(x, w, b, "gelu"); y.defined()) return y;
+at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                       GemmPolicy policy) {
+  if (policy != GemmPolicy::kMkl) {
+    if (at::Tensor y = onednn_linear(x, w, b, "gelu"); y.defined()) return y;
+  }
   at::Tensor y = at::linear(x, w, b);
   at::gelu_(y);  // exact erf, as nn.GELU()
   return y;
 }
 
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                      const at::Tensor& b) {
-  std::vector<c10::IValue> stack{rows_of(x), rows_of(residual), w, b, std::string("add")};
-  if (call_onednn("binary", stack, x.scalar_type())) {
-    return shaped_like(stack[0].toTensor(), residual);
+                      const at::Tensor& b, GemmPolicy policy) {
+  if (policy != GemmPolicy::kMkl) {
+    std::vector<c10::IValue> stack{rows_of(x), rows_of(residual), w, b, std::string("add")};
+    if (call_onednn("binary", stack, x.scalar_type())) {
+      return shaped_like(stack[0].toTensor(), residual);
+    }
   }
   return at::linear(x, w, b).add_(residual);
 }

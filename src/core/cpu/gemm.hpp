@@ -26,37 +26,44 @@
 
 namespace sapiens_seg::core::cpu {
 
-enum class GemmLibrary { kMkl, kOnednn };
-const char* to_string(GemmLibrary library);  // "mkl", "onednn"
+// Where the float32 GEMMs run.
+enum class GemmPolicy {
+  kMkl,     // every GEMM on MKL, GELU and residual adds as passes of their own
+  kSplit,   // MKL for plain GEMMs, oneDNN where it fuses the GELU or the residual add
+  kOnednn,  // every GEMM on oneDNN, epilogues fused
+};
+const char* to_string(GemmPolicy policy);  // "mkl", "split", "onednn"
 
 struct GemmChoice {
-  GemmLibrary library = GemmLibrary::kMkl;
+  GemmPolicy policy = GemmPolicy::kSplit;
   std::string reason;  // why, in words, for `info`
 };
 
 // The table for a given CPU (no environment, no LibTorch check): what the tests vary.
 GemmChoice float32_gemm_for(const CpuFeatures& cpu);
 
-// This process's choice: SAPIENS_SEG_CPU_GEMM=mkl or =onednn forces one (A/B benchmarks, tests;
-// another value is an Error(kInvalidInput), `auto` or unset is the table); LibTorch without
-// oneDNN always gets MKL. Read from the environment on every call (a few microseconds): the
+// This process's choice: SAPIENS_SEG_CPU_GEMM=mkl, =split or =onednn forces one (A/B benchmarks,
+// tests; another value is an Error(kInvalidInput), `auto` or unset is the table); LibTorch without
+// oneDNN always gets kMkl. Read from the environment on every call (a few microseconds): the
 // networks ask once per forward pass.
 GemmChoice float32_gemm();
 
 // `info`'s line: "float32 GEMMs: oneDNN (why)".
 std::string float32_gemm_line();
 
-// y = x W^T + b (x [..., K], w [N, K], b [N]) through `library`. float32 on kOnednn runs oneDNN's
-// linear; anything else at::linear (MKL for float32, oneDNN for bfloat16/float16). Where this
-// LibTorch refuses oneDNN's op, at::linear runs and later calls skip the attempt.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                  GemmLibrary library);
-// GELU(x W^T + b) with exact erf, the GELU fused into oneDNN's GEMM whenever its op runs (any
-// library choice: the fusion saves a pass over the output, which outweighs the GEMMs' difference
-// everywhere but on MKL's fast path, see linear_add).
-at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
-// residual + x W^T + b, the add fused into oneDNN's GEMM where its op runs.
+// What runs a layer of `dtype` under `policy`: float32 follows the policy; other dtypes take
+// kSplit (LibTorch runs their plain GEMMs on oneDNN anyway, and the fused ones save a pass).
+GemmPolicy policy_for(at::ScalarType dtype, GemmPolicy float32_policy);
+
+// y = x W^T + b (x [..., K], w [N, K], b [N]): oneDNN's linear under kOnednn, else at::linear
+// (MKL in float32). Where this LibTorch refuses oneDNN's op for a dtype, at::linear runs and later
+// calls skip the attempt.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GemmPolicy policy);
+// GELU(x W^T + b) with exact erf: fused into oneDNN's GEMM under kSplit and kOnednn.
+at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                       GemmPolicy policy);
+// residual + x W^T + b: the add fused into oneDNN's GEMM under kSplit and kOnednn.
 at::Tensor linear_add(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                      const at::Tensor& b);
+                      const at::Tensor& b, GemmPolicy policy);
 
 }  // namespace sapiens_seg::core::cpu

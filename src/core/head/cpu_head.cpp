@@ -197,7 +197,7 @@ CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int6
   // GEMMs, so they keep them.
   if (!cpu.avx512_core()) return CpuHeadPath::kOnednn;
   // Where MKL is off its fast path for this CPU (cpu/gemm.hpp), the GEMMs here would be too.
-  if (cpu::float32_gemm_for(cpu).library == cpu::GemmLibrary::kOnednn) return CpuHeadPath::kOnednn;
+  if (cpu::float32_gemm_for(cpu).policy == cpu::GemmPolicy::kOnednn) return CpuHeadPath::kOnednn;
   return width <= kNarrowHeadWidth && !cpu.amd ? CpuHeadPath::kOnednn : CpuHeadPath::kGemm;
 }
 
@@ -211,7 +211,7 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
                 "SAPIENS_SEG_CPU_HEAD must be 'gemm' or 'onednn', got '" + v + "'");
   }
   // SAPIENS_SEG_CPU_GEMM=onednn moves the head's float32 GEMMs too.
-  if (dtype == at::kFloat && cpu::float32_gemm().library == cpu::GemmLibrary::kOnednn) {
+  if (dtype == at::kFloat && cpu::float32_gemm().policy == cpu::GemmPolicy::kOnednn) {
     return CpuHeadPath::kOnednn;
   }
   return cpu_head_path_for(host_cpu_features(), dtype, width);

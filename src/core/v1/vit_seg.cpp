@@ -248,15 +248,16 @@ at::Tensor Network::forward(const at::Tensor& input) const {
   const attention::CpuAttentionPath attn_path =
       on_cpu ? attention::cpu_attention_path(dtype_, hd) : attention::CpuAttentionPath::kLibTorch;
   at::Tensor qkv = on_cpu ? at::empty({M, 3 * C}, x.options()) : at::Tensor();
-  // The fused projections and MLP (cpu::linear_add, cpu::linear_gelu) run on oneDNN whatever this
-  // says; it decides the plain GEMMs (QKV) in float32.
-  const cpu::GemmLibrary gemm =
-      on_cpu && dtype_ == at::kFloat ? cpu::float32_gemm().library : cpu::GemmLibrary::kMkl;
+  // Which library runs the GEMMs, and whether oneDNN fuses their GELU and residual adds
+  // (cpu/gemm.hpp: a table of CPUs for float32).
+  const cpu::GemmPolicy gemm =
+      cpu::policy_for(dtype_, on_cpu && dtype_ == at::kFloat ? cpu::float32_gemm().policy
+                                                             : cpu::GemmPolicy::kSplit);
   bool first = true;
   for (const Block& b : blocks_) {
     if (!first) layer_norm(b.ln1_w, b.ln1_b);
     first = false;
-    if (on_cpu && gemm == cpu::GemmLibrary::kOnednn) {
+    if (on_cpu && gemm == cpu::GemmPolicy::kOnednn) {
       // oneDNN's op has no out= form: row chunks small enough for the allocator to reuse, copied
       // into the per-call buffer (a fresh 3C-wide map per block would cost a page fault per 4 KiB).
       for (int64_t r = 0; r < M; r += kMlpRows) {
@@ -277,7 +278,7 @@ at::Tensor Network::forward(const at::Tensor& input) const {
       o = at::scaled_dot_product_attention(q5[0], q5[1], q5[2]).transpose(1, 2).reshape({M, C});
     }
     if (on_cpu) {
-      x = cpu::linear_add(o, x, b.proj_w, b.proj_b);
+      x = cpu::linear_add(o, x, b.proj_w, b.proj_b, gemm);
     } else {
       x.add_(at::linear(o, b.proj_w, b.proj_b));
     }
@@ -288,8 +289,8 @@ at::Tensor Network::forward(const at::Tensor& input) const {
       for (int64_t r = 0; r < M; r += kMlpRows) {
         const int64_t n = std::min(kMlpRows, M - r);
         at::Tensor xr = x.narrow(0, r, n);
-        xr.copy_(cpu::linear_add(cpu::linear_gelu(h.narrow(0, r, n), b.fc1_w, b.fc1_b), xr, b.fc2_w,
-                                 b.fc2_b));
+        xr.copy_(cpu::linear_add(cpu::linear_gelu(h.narrow(0, r, n), b.fc1_w, b.fc1_b, gemm), xr,
+                                 b.fc2_w, b.fc2_b, gemm));
       }
     } else {
       at::Tensor hidden = at::linear(h, b.fc1_w, b.fc1_b);
