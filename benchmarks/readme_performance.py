@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
-SUMMARY_BEGIN, SUMMARY_END = "<!-- performance-summary:begin -->", "<!-- performance-summary:end -->"
+SUMMARY_BEGIN = "<!-- performance-summary:begin -->"
+SUMMARY_END = "<!-- performance-summary:end -->"
 REPO = Path(__file__).resolve().parents[1]
 
 

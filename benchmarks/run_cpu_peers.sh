@@ -215,7 +215,8 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 for s in "${steps[@]}"; do
   case "$s" in
-    all) need_res; step_setup; step_fixtures; step_probe; step_v1; step_s2_04; step_s2_1b; step_memory_5b
+    all) need_res; step_setup; step_fixtures; step_probe; step_v1; step_s2_04; step_s2_1b
+         step_memory_5b
          step_readme ;;
     setup) step_setup ;;
     fixtures) step_fixtures ;;
