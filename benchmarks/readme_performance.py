@@ -1,23 +1,33 @@
 #!/usr/bin/env python3
-"""Regenerate the "Performance" section of README.md from speed_check's JSON results.
+"""Render the performance pages from speed_check's JSON results.
 
-    python benchmarks/readme_performance.py benchmarks/results/cpu-full_0.3b.json \
-        [benchmarks/results/cpu-quick.json ...] [--readme README.md]
+    python benchmarks/readme_performance.py            # rewrite docs/performance.md and README.md
+    python benchmarks/readme_performance.py --check    # exit 1 when either is out of date
+    python benchmarks/readme_performance.py --print benchmarks/results/amd-zen4/cpu-quick.json
 
-The section sits between the markers <!-- performance:begin --> and <!-- performance:end -->
-(added at the end of the README when absent). Ratios come first, then the times they come from;
-every number is one that speed_check measured, beside the original in the same run.
+`benchmarks/results/` holds one folder per machine; every speed_check result directly in a
+machine folder is rendered (sub-folders such as `earlier/` are kept for the record, not rendered),
+so a new machine's folder needs no change here. docs/performance.md gets every run's tables,
+between the markers <!-- performance:begin --> and <!-- performance:end -->; README.md gets one
+summary table, a row per machine and model, between <!-- performance-summary:begin --> and
+<!-- performance-summary:end -->. Ratios come first, then the times they come from; every number
+is one that speed_check measured, each ratio within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
 from pathlib import Path
 
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
+SUMMARY_BEGIN = "<!-- performance-summary:begin -->"
+SUMMARY_END = "<!-- performance-summary:end -->"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def ratio(num: float | None, den: float | None) -> str:
@@ -170,7 +180,26 @@ def goals(report: dict) -> list[str]:
     return ["Goals against the original (Python): " + "; ".join(out) + "." + why] + lines
 
 
-def section_for(report: dict, path: str, across: str | None = None) -> list[str]:
+def isa_of(meta: dict) -> str:
+    """The widest vector ISA a run recorded: the same model's runs on an AVX512-BF16 machine and
+    on an AVX2-only one stand side by side, and their ratios differ. AMX-BF16 above all: there
+    bfloat16 runs on tiles, 4-5x float32 (docs/cpu.md)."""
+    flags = set(meta.get("isa_flags") or [])
+    return ("AMX-BF16" if "amx_bf16" in flags else "AVX512-BF16" if meta.get("avx512_bf16")
+            else "AVX-512" if "avx512f" in flags else "AVX2 only" if "avx2" in flags else "")
+
+
+def vendor_of(meta: dict) -> str:
+    # AMD's and Intel's AVX-512 cores differ (twice the float32 FMA rate on the Intel Xeon;
+    # bfloat16 refused there, see docs/cpu.md).
+    cpu = str(meta.get("cpu", ""))
+    return "AMD" if "AMD" in cpu else "Intel" if "Intel" in cpu else ""
+
+
+def section_for(report: dict, path: str, across: str | None = None,
+                href: str | None = None) -> list[str]:
+    """One run's section: `path` is the result's name as shown (repository-relative), `href` the
+    link to it from the page the section goes into (default: `path`)."""
     meta = report["meta"]
     cols = {c["id"]: c for c in available(report)}
     # The reference of the ratio tables: the authors' pipeline, else the original mode, else (a
@@ -186,24 +215,16 @@ def section_for(report: dict, path: str, across: str | None = None) -> list[str]
              "speed)" if meta["quick"] else f"`{meta['model_file']}`: {sizes}"
              + (f"; against {against}" if against else ""))
     p = meta["protocol"]
-    # The widest vector ISA in the title too: the same model's runs on an AVX512-BF16 machine and
-    # on an AVX2-only one stand side by side, and their ratios differ.
-    flags = set(meta.get("isa_flags") or [])
-    # AMX-BF16 above all: there bfloat16 runs on tiles, 4-5x float32 (README "CPU dtypes").
-    isa = ("AMX-BF16" if "amx_bf16" in flags else "AVX512-BF16" if meta["avx512_bf16"]
-           else "AVX-512" if "avx512f" in flags else "AVX2 only" if "avx2" in flags else "")
+    isa = isa_of(meta)
     if isa and not meta["quick"]:
-        # The vendor too: AMD's and Intel's AVX-512 cores differ (twice the float32 FMA rate on
-        # the Intel Xeon; bfloat16 refused there, see README "CPU dtypes").
-        cpu = str(meta.get("cpu", ""))
-        vendor = "AMD" if "AMD" in cpu else "Intel" if "Intel" in cpu else ""
+        vendor = vendor_of(meta)
         title += f" ({vendor + ', ' if vendor else ''}{isa})"
     lines += [f"### {title}", "",
               f"{meta['date']}, {meta['cpu']} ({meta['cores']} cores"
               f"{', ' + isa if isa else ''}), device {meta['device']}, "
               f"torch {meta['torch']}; load x{p['load_repeats']}, first call, {p['warmup']} "
               f"warm-up, median of {p['rounds']} rounds x {p['calls']} calls, modes alternating; "
-              f"[`{path}`]({path})."]
+              f"[`{path}`]({href or path})."]
     if meta.get("isa_flags"):
         lines.append("ISA flags: " + " ".join(meta["isa_flags"])
                      + (f" (oneDNN capped: {meta['onednn_cap']})" if meta.get("onednn_cap")
@@ -333,47 +354,229 @@ def section_for(report: dict, path: str, across: str | None = None) -> list[str]
     return lines
 
 
+def is_speed_check(data: object) -> bool:
+    """speed_check's result files, among the other tools' JSON in a machine folder."""
+    return (isinstance(data, dict) and isinstance(data.get("meta"), dict)
+            and "protocol" in data["meta"] and "columns" in data and "results" in data)
+
+
+def machine_folders(results: Path) -> list[Path]:
+    return sorted(d for d in results.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def load_runs(folder: Path) -> list[tuple[Path, dict]]:
+    """The speed_check results directly in a machine folder, in reading order: the full-size runs
+    before the quick one, smaller models first, runs at the goal size (1024x768) before runs at
+    other sizes only, the newest first, then by name."""
+    runs = []
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        if is_speed_check(data):
+            runs.append((path, data))
+    size_of: dict[str, float] = {}
+    for _, r in runs:
+        m = r["meta"]
+        size_of[m["model_file"]] = min(size_of.get(m["model_file"], float("inf")),
+                                       m.get("model_bytes", 0))
+
+    def key(item: tuple[Path, dict]):
+        path, r = item
+        m = r["meta"]
+        return (m["quick"], size_of[m["model_file"]], m["model_file"],
+                not any(map(at_goal_size, r["results"])),
+                -int(m["date"].replace("-", "")), path.name)
+
+    return sorted(runs, key=key)
+
+
+def machine_facts(folder: Path) -> str:
+    """What the machine is, from what its files recorded (never from the folder's name): CPU model,
+    cores, widest ISA, and a GPU where a file names one."""
+    cpu = cores = gpu = None
+    flags: set[str] = set()
+    bf16 = False
+
+    def walk(o: object) -> None:
+        nonlocal cpu, cores, gpu, bf16
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k == "cpu" and isinstance(v, str):
+                    cpu = cpu or v.replace("(R)", "").replace("(TM)", "")
+                elif k == "cores" and isinstance(v, int):
+                    cores = cores or v
+                elif k in ("gpu", "gpu_name", "device_name") and isinstance(v, str):
+                    gpu = gpu or v
+                elif k == "avx512_bf16" and v is True:
+                    bf16 = True
+                elif k in ("isa_flags", "cpu_flags", "cpu_isa_flags"):
+                    flags.update(v if isinstance(v, list) else str(v).split())
+                else:
+                    walk(v)
+        elif isinstance(o, list):
+            for x in o:
+                walk(x)
+
+    for path in sorted(folder.glob("*.json")):
+        walk(json.loads(path.read_text()))
+    isa = isa_of({"isa_flags": sorted(flags), "avx512_bf16": bf16 or "avx512_bf16" in flags})
+    parts = [p for p in (gpu, cpu, f"{cores} cores" if cores else None, isa) if p]
+    return ", ".join(parts) if parts else "no machine facts recorded"
+
+
+def rel(target: Path, page: Path) -> str:
+    return Path(os.path.relpath(target, page.parent)).as_posix()
+
+
+def render_page(results: Path, page: Path) -> str:
+    """The generated part of docs/performance.md: per machine folder, its runs' sections."""
+    body = ["Generated by `benchmarks/readme_performance.py` from the JSON files in "
+            "`benchmarks/results/`; edit those, not this part of the page.", ""]
+    toc, sections = [], []
+    for folder in machine_folders(results):
+        runs = load_runs(folder)
+        shown = folder.relative_to(REPO).as_posix() if folder.is_relative_to(REPO) else folder.name
+        facts = machine_facts(folder)
+        toc.append(f"- [{folder.name}](#{folder.name}): {facts}")
+        sections += [f"## {folder.name}", "",
+                     f"{facts}; files in [`{shown}/`]({rel(folder, page)}/).", ""]
+        reports = [r for _, r in runs]
+        across = split_run_goals(reports)
+        for i, (path, report) in enumerate(runs):
+            name = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+            sections += section_for(report, name, across.get(i), rel(path, page))
+        rendered = {p.name for p, _ in runs}
+        others = [p for p in sorted(folder.glob("*.json")) if p.name not in rendered]
+        if others:
+            sections += ["Other measurements on this machine (what each is: "
+                         "`benchmarks/README.md`): "
+                         + ", ".join(f"[`{p.name}`]({rel(p, page)})" for p in others) + ".", ""]
+    text = "\n".join(body + toc + [""] + sections).rstrip() + "\n"
+    return text
+
+
+def family(model_file: str) -> str:
+    """A model's name for people: the family from the format, the size from the file name."""
+    m = re.search(r"(\d+(?:\.\d+)?b)", model_file)
+    fam = ("Sapiens v1" if model_file.endswith(".pt2") else "Sapiens2"
+           if model_file.endswith(".safetensors") else model_file)
+    return f"{fam} {m.group(1)}" if m and fam != model_file else model_file
+
+
+def first_labels(report: dict, col: str) -> float | None:
+    """Load plus the first call at the goal size, in ms: what a user waits for the first labels."""
+    load = report.get("load_ms", {}).get(col)
+    for res in filter(at_goal_size, report["results"]):
+        first = res["columns"].get(col, {}).get("first_ms")
+        if load is not None and first is not None:
+            return load + first
+    return None
+
+
+def seconds(ms: float | None) -> str:
+    return "n/a" if ms is None else f"{ms / 1000:.1f} s"
+
+
+def summary_rows(runs: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per (model, device): the library against its fastest float32 peer and against OpenVINO's
+    bfloat16. Each ratio is taken within one run (peer_ratios); a peer's figure is that of its
+    newest run (the library as it stands), the better showing where it ran twice that day; the
+    fastest peer is the one with the lowest ratio."""
+    latest: dict[tuple, dict[str, tuple]] = {}
+    bf16: dict[tuple, tuple] = {}
+    for r in runs:
+        m = r["meta"]
+        if m["quick"]:
+            continue
+        key = (m["model_file"], m["device"])
+        f32, b = peer_ratios(r)
+        titles = {c["id"]: c["title"] for c in available(r)}
+        for p, ratio_ in f32.items():
+            have = latest.setdefault(key, {}).get(p)
+            cand = (m["date"], -ratio_, r, titles[p])
+            if have is None or cand[:2] > have[:2]:
+                latest[key][p] = cand
+        if b is not None:
+            have = bf16.get(key)
+            cand = (m["date"], -b, r, titles["openvino default"])
+            if have is None or cand[:2] > have[:2]:
+                bf16[key] = cand
+    out: dict[tuple[str, str], dict] = {}
+    for key in sorted(set(latest) | set(bf16)):
+        row: dict = {}
+        if latest.get(key):
+            p, (date, neg, r, title) = min(latest[key].items(), key=lambda kv: -kv[1][1])
+            row["f32"] = (-neg, title, first_labels(r, "portable float32"), first_labels(r, p))
+        if key in bf16:
+            date, neg, r, title = bf16[key]
+            row["bf16"] = (-neg, title, first_labels(r, "portable bfloat16"),
+                           first_labels(r, "openvino default"))
+        out[key] = row
+    return out
+
+
+def render_summary(results: Path, readme: Path, page: Path) -> str:
+    """The README's one performance table."""
+    lines = ["| machine | model | float32 | first labels, float32 | bfloat16 | first labels, "
+             "bfloat16 |",
+             "|---|---|---|---|---|---|"]
+    link = rel(page, readme)
+    for folder in machine_folders(results):
+        facts = machine_facts(folder)
+        rows = summary_rows([r for _, r in load_runs(folder)])
+        for (model, device), row in rows.items():
+            what = f"[{folder.name}]({link}#{folder.name}) ({facts})"
+            dev = "" if device == "cpu" else f", {device}"
+            cells = []
+            for k in ("f32", "bf16"):
+                if k in row:
+                    r, title, mine, theirs = row[k]
+                    cells += [f"**{r:.2f}x** vs {title}",
+                              f"{seconds(mine)}, {seconds(theirs)}"]
+                else:
+                    cells += ["-", "-"]
+            lines.append(f"| {what} | {family(model)}{dev} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def splice(text: str, begin: str, end: str, block: str, where: str) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"{where}: the markers {begin} ... {end} are missing")
+    pre, rest = text.split(begin, 1)
+    return pre + begin + "\n" + block + end + rest.split(end, 1)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", nargs="+", type=Path)
-    ap.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[1] / "README.md")
+    ap.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--page", type=Path, default=REPO / "docs" / "performance.md")
+    ap.add_argument("--readme", type=Path, default=REPO / "README.md")
+    ap.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 when a page differs from what the results give")
+    ap.add_argument("--print", dest="show", type=Path, metavar="RESULT.json",
+                    help="print one result's section (what speed_check's --markdown says, in the "
+                         "page's form) and change nothing")
     args = ap.parse_args(argv)
-    root = args.readme.resolve().parent
-    body = ["## Performance", "",
-            "Measured with `benchmarks/speed_check` (see `benchmarks/README.md`): every mode runs in "
-            "its own process beside the authors' pipeline, `original (Python)` (Sapiens v1: "
-            "torch.jit.load, cv2 preprocessing, F.interpolate of the logits, argmax, as the "
-            "Sapiens-Lite demo does it; Sapiens2: the authors' module structure in float32 with "
-            "their demo's preprocessing), the `original` mode (v1's TorchScript graph through this "
-            "library) and, where the run has them, the runtimes a CPU user would pick instead "
-            "(ONNX Runtime and OpenVINO on the project's ONNX export, Hugging Face transformers "
-            "for Sapiens2), in the same run on the same machine. The checkpoints are random-weight "
-            "files with the exact structure of the released ones (`tools/make_fixtures.py`, "
-            "`tools/sapiens2_fixtures.py`); speed does not depend on the weight values. "
-            "Regenerate this section with `benchmarks/readme_performance.py`. A model's peers "
-            "may be split over several runs that each fit in memory (ratios are taken within a "
-            "run); "
-            "`benchmarks/README.md` (\"Against the peers\") sets them side by side and shows "
-            "where the time goes.", ""]
-    reports = [json.loads(path.read_text()) for path in args.results]
-    across = split_run_goals(reports)
-    for i, (path, report) in enumerate(zip(args.results, reports)):
-        rel = path.resolve().relative_to(root).as_posix()
-        body += section_for(report, rel, across.get(i))
-    text = "\n".join(body).rstrip() + "\n"
-    readme = args.readme.read_text()
-    block = f"{BEGIN}\n{text}{END}"
-    if BEGIN in readme and END in readme:
-        pre, rest = readme.split(BEGIN, 1)
-        post = rest.split(END, 1)[1]
-        readme = pre + block + post
-    elif "\n## Layout" in readme:  # first time: before the layout section
-        pre, post = readme.split("\n## Layout", 1)
-        readme = pre.rstrip() + "\n\n" + block + "\n\n## Layout" + post
-    else:
-        readme = readme.rstrip() + "\n\n" + block + "\n"
-    args.readme.write_text(readme)
-    print(f"updated {args.readme}", file=sys.stderr)
+    if args.show:
+        report = json.loads(args.show.read_text())
+        if not is_speed_check(report):
+            raise SystemExit(f"{args.show}: not a speed_check result")
+        print("\n".join(section_for(report, args.show.as_posix())).rstrip())
+        return 0
+    page_text = args.page.read_text()
+    new_page = splice(page_text, BEGIN, END, render_page(args.results, args.page), str(args.page))
+    readme_text = args.readme.read_text()
+    new_readme = splice(readme_text, SUMMARY_BEGIN, SUMMARY_END,
+                        render_summary(args.results, args.readme, args.page), str(args.readme))
+    stale = [p for p, old, new in ((args.page, page_text, new_page),
+                                   (args.readme, readme_text, new_readme)) if old != new]
+    if args.check:
+        for p in stale:
+            print(f"{p} is out of date: run benchmarks/readme_performance.py", file=sys.stderr)
+        return 1 if stale else 0
+    args.page.write_text(new_page)
+    args.readme.write_text(new_readme)
+    for p in stale:
+        print(f"updated {p}", file=sys.stderr)
     return 0
 
 

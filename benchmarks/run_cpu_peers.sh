@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The full-size CPU protocol of the peers comparison (ONNX Runtime, OpenVINO, transformers and
-# the authors' pipeline beside this library), on a quiet machine. Writes benchmarks/results/ and
-# regenerates the README's performance section. Steps can be run alone:
+# the authors' pipeline beside this library), on a quiet machine. Writes the JSON results into
+# benchmarks/results/$MACHINE/ (one folder per machine kind: amd-zen4, intel-xeon-amx, ...; see
+# benchmarks/results/README.md) and regenerates docs/performance.md and the README's summary
+# table. Steps can be run alone:
 #
-#   benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|s2-0.4b-f32|s2-1b|
-#                                large|memory-5b|readme]...
+#   MACHINE=amd-zen4 benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|
+#                                                 s2-0.4b-f32|s2-1b|large|memory-5b|readme]...
 #
 # v1-f32 and s2-0.4b-f32 are the protocol for CPUs where the library refuses bfloat16 (AVX2-only,
 # Intel without AMX): float32 columns only; `all` runs v1 and s2-0.4b instead.
@@ -30,19 +32,31 @@ PY=${PY:-.venv/bin/python}
 BUILD=${BUILD:-build-bench}
 FIX=${FIX:-$BUILD/fixtures}
 ONNX=${ONNX:-$BUILD/onnx}
-RES=${RES:-benchmarks/results}
+# The machine's folder: named for the machine kind, never guessed here (a wrong guess would file
+# one machine's figures under another's). RES overrides the whole path.
+MACHINE=${MACHINE:-}
+RES=${RES:-benchmarks/results/$MACHINE}
 SC="$BUILD/bin/speed_check"
 QUIET=${QUIET:-120}
 COMMON=(--batch 1 --warmup 1 --rounds 3 --calls 1 --load-repeats 1 --wait-quiet "$QUIET")
 # The sizes of the v1 and s2-0.4b runs; SIZES=1024x768 halves their time (the goals are stated
 # at 1024x768; the larger size adds the resizes and the full-size upsample + argmax).
 SIZES=${SIZES:-1024x768,3000x4000}
-# Appended to the v1, s2-0.4b and s2-1b result names, to keep another machine's run beside the
-# committed ones (TAG=-xeon: cpu-peers-full_0.3b-xeon-a.json; the f32 steps put it after the ISA,
-# cpu-peers-full_0.3b-avx512bf16-xeon.json).
+# Appended to the v1, s2-0.4b and s2-1b result names, to keep a second run on the same kind of
+# machine beside the committed ones (TAG=-amx: cpu-peers-full_0.3b-amx-a.json; the f32 steps put
+# it after the ISA, cpu-peers-full_0.3b-avx512bf16-xeon.json).
 TAG=${TAG:-}
 
 log() { printf '[run_cpu_peers] %s\n' "$*" >&2; }
+
+need_res() {
+  if [ -z "$MACHINE" ] && [ "$RES" = benchmarks/results/ ]; then
+    echo "run_cpu_peers.sh: set MACHINE to this machine's folder under benchmarks/results/" \
+      "(see benchmarks/results/README.md), or RES to a folder" >&2
+    exit 2
+  fi
+  mkdir -p "$RES"
+}
 
 step_setup() {
   tools/setup.sh --bench
@@ -64,22 +78,24 @@ step_fixtures() {
 }
 
 step_probe() {
+  need_res
   # bf16/fp16 vs fp32 GEMM and attention with oneDNN capped at each ISA level: the CPU dtype
   # rule's measurements (src/core/cpu_caps.hpp).
   "$PY" benchmarks/cpu_dtype_probe.py --json "$RES/cpu-dtype-probe.json"
 }
 
 step_v1() {
+  need_res
   # Two runs for memory (see above): the authors' pipeline and the original mode beside the
   # library, then the ONNX peers beside the library.
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" \
     --modes original-python,original,portable --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-full_0.3b$TAG-a.json" --markdown "$RES/cpu-peers-full_0.3b$TAG-a.md"
+    --json "$RES/cpu-peers-full_0.3b$TAG-a.json"
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" --onnx "$ONNX/full_0.3b_torchscript.onnx" \
     --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-full_0.3b$TAG-b.json" --markdown "$RES/cpu-peers-full_0.3b$TAG-b.md"
+    --json "$RES/cpu-peers-full_0.3b$TAG-b.json"
 }
 
 cpu_isa() {
@@ -102,6 +118,7 @@ ov_modes() {
 }
 
 step_v1_f32() {
+  need_res
   # CPUs where the library refuses bfloat16 (AVX2-only; Intel without AMX): float32 only, in one
   # run, since the float32 columns fit in 24 GiB (peaks of 2026-12-02: 6.1 + 2.9 + 8.2 + 4.9 GB,
   # never all at once). Result named after the ISA (and TAG), beside the other machines' runs.
@@ -110,10 +127,11 @@ step_v1_f32() {
   "$SC" --model "$FIX/full_0.3b_torchscript.pt2" --onnx "$ONNX/full_0.3b_torchscript.onnx" \
     --modes original-python,portable,onnxruntime,openvino-f32 --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-full_0.3b-$isa.json" --markdown "$RES/cpu-peers-full_0.3b-$isa.md"
+    --json "$RES/cpu-peers-full_0.3b-$isa.json"
 }
 
 step_s2_04_f32() {
+  need_res
   # Sapiens2 0.4b where the library refuses bfloat16: float32 only, in two runs for memory (the
   # five columns' peaks of 2026-12-02 add up to about 20 GB), each with the library's column.
   local isa
@@ -121,27 +139,27 @@ step_s2_04_f32() {
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" \
     --modes original-python,portable,transformers --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_0.4b-$isa-a.json" \
-    --markdown "$RES/cpu-peers-s2_full_0.4b-$isa-a.md"
+    --json "$RES/cpu-peers-s2_full_0.4b-$isa-a.json"
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" --onnx "$ONNX/s2_full_0.4b.onnx" \
     --modes "portable,onnxruntime,$(ov_modes)" --dtype float32 \
     --sizes 1024x768 "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_0.4b-$isa-b.json" \
-    --markdown "$RES/cpu-peers-s2_full_0.4b-$isa-b.md"
+    --json "$RES/cpu-peers-s2_full_0.4b-$isa-b.json"
 }
 
 step_s2_04() {
+  need_res
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" \
     --modes original-python,portable,transformers --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_0.4b$TAG-a.json" --markdown "$RES/cpu-peers-s2_full_0.4b$TAG-a.md"
+    --json "$RES/cpu-peers-s2_full_0.4b$TAG-a.json"
   "$SC" --model "$FIX/s2_full_0.4b.safetensors" --onnx "$ONNX/s2_full_0.4b.onnx" \
     --modes portable,onnxruntime,openvino --dtype float32,bfloat16 \
     --sizes "$SIZES" "${COMMON[@]}" \
-    --json "$RES/cpu-peers-s2_full_0.4b$TAG-b.json" --markdown "$RES/cpu-peers-s2_full_0.4b$TAG-b.md"
+    --json "$RES/cpu-peers-s2_full_0.4b$TAG-b.json"
 }
 
 step_s2_1b() {
+  need_res
   # Four runs, each with the library's columns (ratios within a run). At 1b (5.9 GB of float32)
   # three OpenVINO/ONNX Runtime columns beside the library's two outgrow 24 GiB: on 2026-12-03 the
   # kernel killed ONNX Runtime's worker in its first call, and the float32 column, whose weights
@@ -150,17 +168,18 @@ step_s2_1b() {
   local mf="$FIX/s2_full_1b.safetensors" mo="$ONNX/s2_full_1b.onnx"
   local r="$RES/cpu-peers-s2_full_1b$TAG"
   "$SC" --model "$mf" --modes original-python,portable,transformers --dtype float32,bfloat16 \
-    --sizes 1024x768 "${COMMON[@]}" --json "$r-a.json" --markdown "$r-a.md"
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-a.json"
   "$SC" --model "$mf" --onnx "$mo" --modes portable,openvino-f32 --dtype float32,bfloat16 \
-    --sizes 1024x768 "${COMMON[@]}" --json "$r-b.json" --markdown "$r-b.md"
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-b.json"
   "$SC" --model "$mf" --onnx "$mo" --modes portable,openvino-default --dtype float32,bfloat16 \
-    --sizes 1024x768 "${COMMON[@]}" --json "$r-c.json" --markdown "$r-c.md"
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-c.json"
   # ONNX Runtime runs float32 only: the library's float32 column is the one to compare.
   "$SC" --model "$mf" --onnx "$mo" --modes portable,onnxruntime --dtype float32 \
-    --sizes 1024x768 "${COMMON[@]}" --json "$r-d.json" --markdown "$r-d.md"
+    --sizes 1024x768 "${COMMON[@]}" --json "$r-d.json"
 }
 
 step_large() {
+  need_res
   # For runs made with SIZES=1024x768 (the default SIZES has v1 and s2-0.4b at 3000x4000 already):
   # 3000x4000 (a phone photo) beside the authors' pipeline and OpenVINO, one run per model: the
   # network is the 1024x768 pass, so what is added is the resize in and the full-size upsample +
@@ -171,12 +190,12 @@ step_large() {
     name=${name%.safetensors}
     "$SC" --model "$FIX/$m" --onnx "$ONNX/${m%.*}.onnx" --modes original-python,portable,openvino \
       --dtype float32,bfloat16 --sizes 3000x4000 "${COMMON[@]}" \
-      --json "$RES/cpu-peers-$name$TAG-3000x4000.json" \
-      --markdown "$RES/cpu-peers-$name$TAG-3000x4000.md"
+      --json "$RES/cpu-peers-$name$TAG-3000x4000.json"
   done
 }
 
 step_memory_5b() {
+  need_res
   # Peak RSS of load + one 1024x768 call of Sapiens2 5B, bfloat16 and float32 (mapped), beside
   # the authors' load_file + load_state_dict path (measured where it fits, else estimated and
   # measured on 0.4b for its peak-to-file ratio). Needs ~21 GB of disk for the file.
@@ -188,29 +207,16 @@ step_memory_5b() {
 }
 
 step_readme() {
-  results=()
-  for f in cpu-peers-full_0.3b-a cpu-peers-full_0.3b-b cpu-peers-full_0.3b-avx2 \
-           cpu-peers-s2_full_0.4b-a cpu-peers-s2_full_0.4b-b \
-           cpu-peers-s2_full_0.4b-avx2-a cpu-peers-s2_full_0.4b-avx2-b \
-           cpu-peers-full_0.3b-avx512bf16-xeon \
-           cpu-peers-s2_full_0.4b-avx512bf16-xeon-a cpu-peers-s2_full_0.4b-avx512bf16-xeon-b \
-           cpu-peers-full_0.3b-amx-a cpu-peers-full_0.3b-amx-b cpu-peers-full_0.3b-amx-f32 \
-           cpu-peers-s2_full_0.4b-amx-a cpu-peers-s2_full_0.4b-amx-b \
-           cpu-peers-full_0.3b-amx-3000x4000 cpu-peers-s2_full_0.4b-amx-3000x4000 \
-           cpu-peers-s2_full_1b-a cpu-peers-s2_full_1b-b \
-           cpu-peers-s2_full_1b-amx-a cpu-peers-s2_full_1b-amx-b \
-           cpu-peers-s2_full_1b-amx-c cpu-peers-s2_full_1b-amx-d \
-           cpu-full_0.3b cpu-full_0.3b-sizes cpu-quick; do
-    [ -f "$RES/$f.json" ] && results+=("$RES/$f.json")
-  done
-  "$PY" benchmarks/readme_performance.py "${results[@]}"
+  # Every machine folder's speed_check results; a new folder needs no change here.
+  "$PY" benchmarks/readme_performance.py
 }
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 for s in "${steps[@]}"; do
   case "$s" in
-    all) step_setup; step_fixtures; step_probe; step_v1; step_s2_04; step_s2_1b; step_memory_5b
+    all) need_res; step_setup; step_fixtures; step_probe; step_v1; step_s2_04; step_s2_1b
+         step_memory_5b
          step_readme ;;
     setup) step_setup ;;
     fixtures) step_fixtures ;;

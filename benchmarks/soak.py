@@ -14,9 +14,10 @@ reports the RSS curve: start (after the first 5 % of the inputs), middle, end an
 (paths, bytes and arrays of several sizes); every result must equal the serial result of the
 same input. Reports mismatches, calls per second and the RSS curve.
 
-Both append their figures to the JSON file given by --out (default
-benchmarks/results/soak.json), with the date, CPU, core count and versions. The README's
-"Soak" figures come from these runs.
+Both append their figures to the JSON file given by --out, in the folder of the machine they ran
+on (benchmarks/results/<machine>/soak.json, see benchmarks/results/README.md), with the date,
+CPU, core count and versions. The "Long runs" figures of docs/performance.md come from these
+runs.
 """
 
 from __future__ import annotations
@@ -247,7 +248,9 @@ def main() -> None:
     t.add_argument("--calls", type=int, default=1000)
     for s in (c, t):
         s.add_argument("--model", default=str(FIXTURES / "tiny_a_torchscript.pt2"))
-        s.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "soak.json"))
+        # No default: a default folder would file another machine's figures under the first one.
+        s.add_argument("--out", required=True,
+                       help="benchmarks/results/<machine>/soak.json (appended to)")
     args = p.parse_args()
     result = soak_cli(args) if args.what == "cli" else soak_threads(args)
     result.update(date=dt.date.today().isoformat(), cpu=cpu_model(), cpu_flags=cpu_flags(),

@@ -1,6 +1,6 @@
 // What the CRC-32 check of a TorchScript archive's records costs at load time: opens the archive
 // (directory, data.pkl, tensor views) with and without the check, alternating, and prints the
-// median of each. A measurement tool, not a test (the README quotes its output):
+// median of each. A measurement tool, not a test (docs/models.md quotes its output):
 //
 //   build/bin/archive_crc_cost FILE.pt2 [ROUNDS]
 //

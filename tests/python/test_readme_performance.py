@@ -1,4 +1,5 @@
-"""The README's performance section: goals of a model whose peers ran in separate runs.
+"""The performance pages (benchmarks/readme_performance.py): docs/performance.md, the README's
+summary table, and the goals of a model whose peers ran in separate runs.
 
 At Sapiens2 1b the ONNX peers do not fit in 24 GiB beside the library together, so each runs in
 a run of its own; a run holding only the slower peer must not read as a met float32 goal.
@@ -6,10 +7,13 @@ a run of its own; a run holding only the slower peer must not read as a met floa
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import readme_performance as rp  # noqa: E402
 
@@ -17,7 +21,8 @@ import readme_performance as rp  # noqa: E402
 def report(peers: dict[str, tuple[str, str, float]], lib_f32: float, lib_bf16: float | None = None,
            *, date: str = "2026-12-03", model: str = "s2_full_1b.safetensors") -> dict:
     """A speed_check result at 1024x768 with the library's columns and the given peers
-    (id -> (title, dtype, median ms))."""
+    (id -> (title, dtype, median ms)). Each column's load takes 1 s and its first call its median
+    plus 2 s, so a column's time to first labels is its median plus 3 s."""
     columns = [{"id": "portable float32", "title": "portable float32", "available": True,
                 "dtype": "float32"}]
     times = {"portable float32": {"median_ms": lib_f32}}
@@ -28,10 +33,14 @@ def report(peers: dict[str, tuple[str, str, float]], lib_f32: float, lib_bf16: f
     for pid, (title, dtype, ms) in peers.items():
         columns.append({"id": pid, "title": title, "available": True, "dtype": dtype})
         times[pid] = {"median_ms": ms}
-    return {"meta": {"quick": False, "device": "cpu", "model_file": model,
+    for t in times.values():
+        t["first_ms"] = t["median_ms"] + 2000.0
+        t["peak_rss"] = 1 << 30
+    return {"meta": {"quick": False, "device": "cpu", "model_file": model, "model_bytes": 1 << 30,
                      "cpu": "Intel(R) Xeon(R) Processor", "isa_flags": ["avx512f", "amx_bf16"],
-                     "date": date},
-            "columns": columns,
+                     "date": date, "cores": 2, "torch": "2.15.0",
+                     "protocol": {"load_repeats": 1, "warmup": 1, "rounds": 3, "calls": 1}},
+            "columns": columns, "load_ms": {c: 1000.0 for c in times},
             "results": [{"height": 1024, "width": 768, "batch": 1, "columns": times}]}
 
 
@@ -61,3 +70,84 @@ def test_runs_of_other_days_models_or_single_runs_get_no_line():
                          model="s2_full_0.4b.safetensors")
     assert rp.split_run_goals([one]) == {}
     assert rp.split_run_goals([one, other_day, other_model]) == {}
+
+
+def test_the_summary_takes_each_peers_newest_run_and_the_fastest_peer():
+    runs = [report({"openvino f32": ("OpenVINO f32", "float32", 33000.0),
+                    "openvino default": ("OpenVINO default (bf16)", "bfloat16", 9000.0)},
+                   35400.0, 10000.0, date="2026-12-02"),
+            report({"onnxruntime": ("ONNX Runtime", "float32", 43000.0)}, 34700.0,
+                   date="2026-12-02"),
+            # The library since: OpenVINO f32's newer run counts, not its better older one.
+            report({"openvino f32": ("OpenVINO f32", "float32", 38000.0)}, 34000.0,
+                   date="2026-12-03")]
+    rows = rp.summary_rows(runs)
+    assert list(rows) == [("s2_full_1b.safetensors", "cpu")]
+    ratio, title, mine, theirs = rows[("s2_full_1b.safetensors", "cpu")]["f32"]
+    # OpenVINO f32 at 1.12x (its newest run) is faster than ONNX Runtime at 1.24x.
+    assert title == "OpenVINO f32" and round(ratio, 2) == 1.12
+    # First labels from the same run: load + first call, library then peer.
+    assert (mine, theirs) == (37000.0, 41000.0)
+    ratio, title, mine, theirs = rows[("s2_full_1b.safetensors", "cpu")]["bf16"]
+    assert round(ratio, 2) == 0.90 and (mine, theirs) == (13000.0, 12000.0)
+    # The quick run is no row; a model without bfloat16 figures has no bfloat16 cell.
+    quick = report({"onnxruntime": ("ONNX Runtime", "float32", 900.0)}, 1000.0)
+    quick["meta"]["quick"] = True
+    assert "bf16" not in rp.summary_rows(runs[1:])[("s2_full_1b.safetensors", "cpu")]
+    assert rp.summary_rows([quick]) == {}
+
+
+def write_run(folder: Path, name: str, run: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(run))
+    return folder / name
+
+
+def test_a_new_machine_folder_is_rendered_without_code_changes(tmp_path, capsys):
+    results = tmp_path / "benchmarks" / "results"
+    new = results / "zen9-new"
+    write_run(new, "cpu-peers-s2_full_1b-a.json",
+              report({"openvino f32": ("OpenVINO f32", "float32", 33000.0)}, 30000.0))
+    write_run(new, "cpu-attention.json", {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2,
+                                           "cpu_flags": "avx2 fma avx512f avx512_bf16"})
+    # A replaced run kept for the record: not rendered.
+    write_run(new / "earlier", "cpu-peers-s2_full_1b-before-a.json",
+              report({"openvino f32": ("OpenVINO f32", "float32", 99000.0)}, 30000.0))
+    page, readme = tmp_path / "docs" / "performance.md", tmp_path / "README.md"
+    page.parent.mkdir()
+    page.write_text(f"# P\n\n{rp.BEGIN}\n{rp.END}\n\nkept\n")
+    readme.write_text(f"# R\n{rp.SUMMARY_BEGIN}\nstale\n{rp.SUMMARY_END}\nkept\n")
+    args = ["--results", str(results), "--page", str(page), "--readme", str(readme)]
+    assert rp.main(args + ["--check"]) == 1  # both out of date
+    assert rp.main(args) == 0
+    assert rp.main(args + ["--check"]) == 0
+    text, summary = page.read_text(), readme.read_text()
+    assert "## zen9-new" in text and text.endswith("\nkept\n")
+    # Facts from what the files recorded, links relative to each page.
+    assert "Intel Xeon Processor, 2 cores, AMX-BF16" in text
+    assert "(../benchmarks/results/zen9-new/cpu-peers-s2_full_1b-a.json)" in text
+    assert "[`cpu-attention.json`](../benchmarks/results/zen9-new/cpu-attention.json)" in text
+    assert "before-a" not in text and "stale" not in summary and summary.endswith("\nkept\n")
+    row = [line for line in summary.splitlines() if "zen9-new" in line]
+    assert len(row) == 1 and "(docs/performance.md#zen9-new)" in row[0]
+    assert "| Sapiens2 1b | **1.10x** vs OpenVINO f32 | 33.0 s, 36.0 s | - | - |" in row[0]
+    assert rp.main(["--print", str(new / "cpu-peers-s2_full_1b-a.json")]) == 0
+    assert capsys.readouterr().out.startswith("### `s2_full_1b.safetensors`: 1024x768")
+
+
+def test_the_committed_pages_are_what_the_results_render(tmp_path):
+    # docs/performance.md and the README's table are generated: a result added, moved or
+    # changed without rendering again (or a hand edit of a figure) fails here.
+    assert rp.main(["--check"]) == 0, "run .venv/bin/python benchmarks/readme_performance.py"
+    # The check itself can fail: one figure changed in a copy of the results.
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "benchmarks" / "results", results)
+    run = results / "amd-zen4" / "cpu-peers-full_0.3b-b.json"
+    data = json.loads(run.read_text())
+    data["results"][0]["columns"]["portable float32"]["median_ms"] *= 0.5
+    run.write_text(json.dumps(data))
+    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    shutil.copy(REPO / "docs" / "performance.md", page)
+    shutil.copy(REPO / "README.md", readme)
+    assert rp.main(["--results", str(results), "--page", str(page), "--readme", str(readme),
+                    "--check"]) == 1
