@@ -5,10 +5,11 @@
 // AMD cores it runs its AVX2 code even where the core has full-width AVX-512, while oneDNN's JIT
 // kernels (reached through `mkldnn::_linear_pointwise`, the op LibTorch's own compiler emits for
 // CPU linears) use the whole vector width on any vendor. On an AMD Zen 5 core (2 threads) a
-// 4096^3 float32 GEMM ran at 199 GFLOP/s through MKL and 435 through oneDNN; on Zen 4, whose
-// AVX-512 units are 256 bits wide, and on AVX2-only cores the two were close
-// (benchmarks/gemm_paths.py; its result files under benchmarks/results/ back each row of the
-// table in gemm.cpp).
+// 4096^3 float32 GEMM ran at 199 GFLOP/s through MKL and 435 through oneDNN (measured by the
+// project on a 2-core Zen 5 VM, 2026-12, before the result files kept it); on Zen 4, whose
+// AVX-512 units are 256 bits wide, the two were close; on Zen 3 (AVX2) MKL ran the networks'
+// shapes 1.15-1.37x as fast as oneDNN (benchmarks/gemm_paths.py, whose result files under
+// benchmarks/results/<machine>/ back the table in gemm.cpp).
 //
 // The choice is a table of CPUs, not a timing probe at load: the same answer on every load of a
 // machine, no cost in the time to the first labels, no noise from whatever else the machine is
