@@ -28,6 +28,8 @@ BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 SUMMARY_BEGIN = "<!-- performance-summary:begin -->"
 SUMMARY_END = "<!-- performance-summary:end -->"
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_facts import microarchitecture  # noqa: E402
 
 
 def ratio(num: float | None, den: float | None) -> str:
@@ -219,8 +221,10 @@ def section_for(report: dict, path: str, across: str | None = None,
     if isa and not meta["quick"]:
         vendor = vendor_of(meta)
         title += f" ({vendor + ', ' if vendor else ''}{isa})"
+    uarch = uarch_of(meta)
     lines += [f"### {title}", "",
-              f"{meta['date']}, {meta['cpu']} ({meta['cores']} cores"
+              f"{meta['date']}, {meta['cpu']}{' (' + uarch + ')' if uarch else ''} "
+              f"({meta['cores']} cores"
               f"{', ' + isa if isa else ''}), device {meta['device']}, "
               f"torch {meta['torch']}; load x{p['load_repeats']}, first call, {p['warmup']} "
               f"warm-up, median of {p['rounds']} rounds x {p['calls']} calls, modes alternating; "
@@ -392,16 +396,20 @@ def load_runs(folder: Path) -> list[tuple[Path, dict]]:
 def machine_facts(folder: Path) -> str:
     """What the machine is, from what its files recorded (never from the folder's name): CPU model,
     cores, widest ISA, and a GPU where a file names one."""
-    cpu = cores = gpu = None
+    cpu = cores = gpu = uarch = None
     flags: set[str] = set()
     bf16 = False
 
     def walk(o: object) -> None:
-        nonlocal cpu, cores, gpu, bf16
+        nonlocal cpu, cores, gpu, bf16, uarch
         if isinstance(o, dict):
+            uarch = uarch or uarch_of(o)
             for k, v in o.items():
                 if k == "cpu" and isinstance(v, str):
                     cpu = cpu or v.replace("(R)", "").replace("(TM)", "")
+                elif k == "cpu" and isinstance(v, dict):  # machine_facts.py's record
+                    cpu = cpu or str(v.get("name", "")).replace("(R)", "").replace("(TM)", "")
+                    walk(v)
                 elif k == "cores" and isinstance(v, int):
                     cores = cores or v
                 elif k in ("gpu", "gpu_name", "device_name") and isinstance(v, str):
@@ -419,8 +427,21 @@ def machine_facts(folder: Path) -> str:
     for path in sorted(folder.glob("*.json")):
         walk(json.loads(path.read_text()))
     isa = isa_of({"isa_flags": sorted(flags), "avx512_bf16": bf16 or "avx512_bf16" in flags})
+    if cpu and uarch:
+        cpu = f"{cpu} ({uarch})"
     parts = [p for p in (gpu, cpu, f"{cores} cores" if cores else None, isa) if p]
     return ", ".join(parts) if parts else "no machine facts recorded"
+
+
+def uarch_of(record: dict) -> str | None:
+    """The microarchitecture a record's CPU identity names (speed_check's `cpu_id`, or
+    machine_facts.py's `cpu`), where the vendor/family/model triple is a known one."""
+    ident = record.get("cpu_id") if isinstance(record.get("cpu_id"), dict) else \
+        record.get("cpu") if isinstance(record.get("cpu"), dict) else None
+    if not ident or "family" not in ident or "model" not in ident:
+        return None
+    return microarchitecture(str(ident.get("vendor", "")), int(ident["family"]),
+                             int(ident["model"])) or None
 
 
 def rel(target: Path, page: Path) -> str:

@@ -62,6 +62,8 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/cpu/gemm.hpp"
+#include "core/cpuid.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
@@ -118,6 +120,21 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   }
   return "unknown";
+}
+
+// The CPU's identity: one model name ("AMD EPYC" in a VM) spans generations whose vector units
+// differ by 2x, so the record names vendor, family, model and stepping (CPUID, via the library).
+json cpu_identity() {
+  std::string vendor;
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("vendor_id", 0) == 0) {
+      vendor = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  const sapiens_seg::core::CpuFeatures& f = sapiens_seg::core::host_cpu_features();
+  return {{"vendor", vendor}, {"family", f.family}, {"model", f.model}, {"stepping", f.stepping}};
 }
 
 bool cpu_flag(const std::string& flag) {
@@ -1412,6 +1429,8 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
       {"cores", std::thread::hardware_concurrency()},
       {"avx512_bf16", cpu_flag("avx512_bf16")},
       {"isa_flags", isa_flags()},
+      {"cpu_id", cpu_identity()},
+      {"cpu_gemm", sapiens_seg::core::cpu::float32_gemm_line()},
       {"onednn_cap", std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA")
                      : std::getenv("DNNL_MAX_CPU_ISA") ? std::getenv("DNNL_MAX_CPU_ISA")
                                                        : ""},

@@ -151,3 +151,24 @@ def test_the_committed_pages_are_what_the_results_render(tmp_path):
     shutil.copy(REPO / "README.md", readme)
     assert rp.main(["--results", str(results), "--page", str(page), "--readme", str(readme),
                     "--check"]) == 1
+
+
+def test_machine_facts_name_the_microarchitecture_from_the_recorded_cpu_identity(tmp_path):
+    # speed_check's record (cpu_id) and machine_facts.py's (cpu as a dict) both name it; a CPU of
+    # one model name ("AMD EPYC") is told apart by family and model, never by the folder's name.
+    (tmp_path / "a.json").write_text(json.dumps(
+        {"meta": {"cpu": "AMD EPYC", "cores": 2, "isa_flags": ["avx2", "fma"],
+                  "cpu_id": {"vendor": "AuthenticAMD", "family": 26, "model": 2, "stepping": 0}}}))
+    assert rp.machine_facts(tmp_path).startswith("AMD EPYC (Zen 5), 2 cores")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "b.json").write_text(json.dumps(
+        {"machine": {"cpu": {"name": "AMD EPYC", "vendor": "AuthenticAMD", "family": 25,
+                             "model": 1, "isa_flags": ["avx2"]}, "cores": 2}}))
+    assert rp.machine_facts(other).startswith("AMD EPYC (Zen 3), 2 cores")
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "c.json").write_text(json.dumps(
+        {"meta": {"cpu": "Some CPU", "cores": 4,
+                  "cpu_id": {"vendor": "GenuineIntel", "family": 6, "model": 1}}}))
+    assert rp.machine_facts(unknown).startswith("Some CPU, 4 cores")
