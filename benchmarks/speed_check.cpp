@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -63,7 +64,6 @@
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
 #include "core/cpu/gemm.hpp"
-#include "core/cpuid.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
@@ -123,18 +123,36 @@ std::string cpu_model() {
 }
 
 // The CPU's identity: one model name ("AMD EPYC" in a VM) spans generations whose vector units
-// differ by 2x, so the record names vendor, family, model and stepping (CPUID, via the library).
+// differ by 2x, so the record names vendor, family, model and stepping (what CPUID reports, as
+// /proc/cpuinfo prints it).
 json cpu_identity() {
-  std::string vendor;
+  json id = {{"vendor", ""}, {"family", -1}, {"model", -1}, {"stepping", -1}};
   std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("vendor_id", 0) == 0) {
-      vendor = line.substr(line.find(':') + 2);
-      break;
+  for (std::string line; std::getline(in, line) && !line.empty();) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "vendor_id") id["vendor"] = value;
+    const char* num_keys[] = {"cpu family", "model", "stepping"};
+    const char* names[] = {"family", "model", "stepping"};
+    for (int i = 0; i < 3; ++i) {
+      if (key == num_keys[i] && !value.empty() &&
+          std::isdigit(static_cast<unsigned char>(value[0])))
+        id[names[i]] = std::stoi(value);
     }
   }
-  const sapiens_seg::core::CpuFeatures& f = sapiens_seg::core::host_cpu_features();
-  return {{"vendor", vendor}, {"family", f.family}, {"model", f.model}, {"stepping", f.stepping}};
+  return id;
+}
+
+// Which library ran the float32 GEMMs (the library's CPU table, or SAPIENS_SEG_CPU_GEMM).
+std::string cpu_gemm_line() {
+#ifdef SPEED_CHECK_WITH_API
+  return sapiens_seg::system_info().cpu_gemm;
+#else
+  return sapiens_seg::core::cpu::float32_gemm_line();
+#endif
 }
 
 bool cpu_flag(const std::string& flag) {
@@ -332,7 +350,7 @@ class CorePipeline final : public Pipeline {
       const core::v1::Config cfg = core::v1::infer_config(ckpt.tensors, hints);
       input_h_ = cfg.input_h;
       input_w_ = cfg.input_w;
-      runner_ = o.mode == "original"  ? core::make_original_v1(ckpt, cfg, device, dtype)
+      runner_ = o.mode == "original" ? core::make_original_v1(ckpt, cfg, device, dtype)
                 : o.mode == "kernels" ? core::make_kernels_v1(ckpt, cfg, device, dtype)
                                       : core::make_portable_v1(ckpt, cfg, device, dtype);
     }
@@ -1430,7 +1448,7 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
       {"avx512_bf16", cpu_flag("avx512_bf16")},
       {"isa_flags", isa_flags()},
       {"cpu_id", cpu_identity()},
-      {"cpu_gemm", sapiens_seg::core::cpu::float32_gemm_line()},
+      {"cpu_gemm", cpu_gemm_line()},
       {"onednn_cap", std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA")
                      : std::getenv("DNNL_MAX_CPU_ISA") ? std::getenv("DNNL_MAX_CPU_ISA")
                                                        : ""},
