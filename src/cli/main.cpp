@@ -90,9 +90,10 @@ int run_models_list() {
     const WeightsStatus s = weights_status(c.id);
     std::string weights = "not downloaded";
     if (s.present && !s.problem.empty()) {
-      weights = "BAD (" + s.problem + "): " + s.path;
+      weights = "BAD (" + s.problem + "): " + cli::plain_text(s.path);
     } else if (s.present) {
-      weights = (s.verified ? "verified: " : "present, not verified yet: ") + s.path;
+      weights =
+          (s.verified ? "verified: " : "present, not verified yet: ") + cli::plain_text(s.path);
     }
     rows.push_back(
         {c.id, c.license_id + (c.commercial_use ? "" : " (non-commercial)"), human_size(c.size),
@@ -111,7 +112,8 @@ int run_models_list() {
     std::cout << line << "\n";
   }
   for (const BrokenCard& b : broken_cards()) {
-    std::cout << "BROKEN CARD " << b.path << ": " << b.error << "\n";
+    std::cout << "BROKEN CARD " << cli::plain_text(b.path) << ": " << cli::plain_text(b.error)
+              << "\n";
   }
   return 0;
 }
@@ -141,9 +143,9 @@ int run_models_verify(const std::string& id) {
               << (s.verified     ? "OK"
                   : s.id.empty() ? "RECORDED"
                                  : "UNPINNED")
-              << "  sha256 " << s.sha256 << "  " << s.path << "\n";
+              << "  sha256 " << s.sha256 << "  " << cli::plain_text(s.path) << "\n";
     if (s.id.empty()) {
-      std::cerr << "sapiens-seg: " << s.path
+      std::cerr << "sapiens-seg: " << cli::plain_text(s.path)
                 << " matches no model card; its content is recorded as it is now, and later "
                    "loads refuse other content under this path\n";
     }
@@ -162,7 +164,7 @@ int run_models_verify(const std::string& id) {
     try {
       const WeightsStatus s = verify(i);
       std::cout << i << "  " << (s.verified ? "OK" : "UNPINNED") << "  sha256 " << s.sha256 << "  "
-                << s.path << "\n";
+                << cli::plain_text(s.path) << "\n";
     } catch (const Error& e) {
       std::cout << i << "  FAILED\n";
       print_error(e);
@@ -175,7 +177,7 @@ int run_models_verify(const std::string& id) {
 
 int run_models_path(const std::string& id) {
   const WeightsStatus s = weights_status(id);
-  std::cout << s.path << "\n";
+  std::cout << cli::plain_text(s.path) << "\n";
   if (!s.present) {
     std::fprintf(stderr, "sapiens-seg: %s is not downloaded; this is where it would go\n",
                  s.id.c_str());

@@ -449,6 +449,8 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
   const std::string& video_tmp = names.overlay_video_partial;
   const fs::path frames_dir = names.frames_dir;
   VideoOut video;
+  // A second signal (stop.hpp) removes the unfinished video before the process ends.
+  const TempFileGuard partial_guard(video_tmp);
   std::int64_t read = 0, processed = 0;
   std::vector<Image> batch;
   std::vector<std::int64_t> batch_index;
@@ -765,7 +767,7 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   if (cancel) {
     const int sig = stop_signal() ? stop_signal() : SIGINT;
     std::fprintf(stderr,
-                 "sapiens-seg: interrupted (%s); finished outputs are complete, run again with "
+                 "sapiens-seg: interrupted by %s; finished outputs are complete, run again with "
                  "--skip-existing to continue\n",
                  stop_reason().c_str());
     return 128 + sig;
