@@ -63,6 +63,38 @@ std::string display_text(std::string_view s) {
   return out;
 }
 
+std::string plain_text(std::string_view s, bool keep_newlines) {
+  std::string out;
+  out.reserve(s.size());
+  auto escape = [&](std::string_view bytes) {
+    for (const char c : bytes) {
+      char esc[5];
+      std::snprintf(esc, sizeof esc, "\\x%02X", static_cast<unsigned char>(c));
+      out += esc;
+    }
+  };
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = sequence_length(s, i);
+    const std::string_view seq = s.substr(i, n == 0 ? 1 : n);
+    const auto b0 = static_cast<unsigned char>(seq[0]);
+    const auto b1 = seq.size() > 1 ? static_cast<unsigned char>(seq[1]) : 0u;
+    const auto b2 = seq.size() > 2 ? static_cast<unsigned char>(seq[2]) : 0u;
+    const bool control =
+        n == 0 || (n == 1 && (b0 < 0x20 || b0 == 0x7F) && !(keep_newlines && b0 == '\n')) ||
+        (n == 2 && b0 == 0xC2 && b1 < 0xA0) ||  // C1: U+0080..U+009F
+        // U+2028/2029 (line/paragraph separators), U+202A..202E and U+2066..2069 (bidi).
+        (n == 3 && b0 == 0xE2 && b1 == 0x80 && b2 >= 0xA8 && b2 <= 0xAE) ||
+        (n == 3 && b0 == 0xE2 && b1 == 0x81 && b2 >= 0xA6 && b2 <= 0xA9);
+    if (control) {
+      escape(seq);
+    } else {
+      out.append(seq);
+    }
+    i += seq.size();
+  }
+  return out;
+}
+
 void put_path(nlohmann::json& obj, const std::string& key, const std::string& path) {
   if (is_valid_utf8(path)) {
     obj[key] = path;

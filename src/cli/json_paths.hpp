@@ -18,6 +18,12 @@ bool is_valid_utf8(std::string_view s) noexcept;
 // Valid UTF-8 unchanged; every other byte as \xNN (uppercase hex digits).
 std::string display_text(std::string_view s);
 
+// For plain (non-JSON) stdout and stderr lines: display_text, and also every control character
+// (C0, DEL, C1) and the Unicode line separators and bidirectional overrides as \xNN of their
+// UTF-8 bytes, so that one name is one line and no escape sequence reaches a terminal. With
+// `keep_newlines`, '\n' is kept (messages that are several lines by design).
+std::string plain_text(std::string_view s, bool keep_newlines = false);
+
 // Sets obj[key] to the path (display_text) and, when it is not valid UTF-8, obj[key + "_hex"]
 // to its bytes in hex.
 void put_path(nlohmann::json& obj, const std::string& key, const std::string& path);

@@ -1,9 +1,10 @@
 // sapiens-seg: the command-line tool. stdout carries results, stderr logs and progress.
 //
-// Exit status: 0 success, 2 usage error, 130 interrupted, 10 + ErrorCode for library errors (11 not
-// found, 12 checksum mismatch, 13 download failed, 14 offline, 15 licence not accepted, 16 backend
-// unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error, 21 out of
-// memory).
+// Exit status: 0 success, 2 usage error, 128 + the signal when stopped (130 SIGINT, 129 SIGHUP,
+// 143 SIGTERM, 141 for a closed stdout; see cli/stop.hpp), 10 + ErrorCode for library errors (11
+// not found, 12 checksum mismatch, 13 download failed, 14 offline, 15 licence not accepted, 16
+// backend unavailable, 17 invalid input, 18 format error, 19 I/O error, 20 internal error, 21 out
+// of memory).
 
 #include <algorithm>
 #include <array>
@@ -20,18 +21,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/json_paths.hpp"
 #include "cli/segment.hpp"
+#include "cli/stop.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
 using namespace sapiens_seg;
 
 namespace {
 
-// Ctrl-C during a download: stop cleanly and keep the partial file for the next run.
-std::atomic<bool> g_cancel{false};
-extern "C" void on_sigint(int) {
-  g_cancel = true;
-}
+// Ctrl-C (or SIGTERM, SIGHUP) during a download: stop cleanly and keep the partial file for the
+// next run.
+std::atomic<bool>& g_cancel = cli::stop_flag();
 
 int exit_code(ErrorCode c) {
   return 10 + static_cast<int>(c);
@@ -39,7 +40,7 @@ int exit_code(ErrorCode c) {
 
 void print_error(const Error& e) {
   std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
-               e.what());
+               cli::plain_text(e.what(), /*keep_newlines=*/true).c_str());
 }
 
 struct LoadArgs {
@@ -89,9 +90,10 @@ int run_models_list() {
     const WeightsStatus s = weights_status(c.id);
     std::string weights = "not downloaded";
     if (s.present && !s.problem.empty()) {
-      weights = "BAD (" + s.problem + "): " + s.path;
+      weights = "BAD (" + s.problem + "): " + cli::plain_text(s.path);
     } else if (s.present) {
-      weights = (s.verified ? "verified: " : "present, not verified yet: ") + s.path;
+      weights =
+          (s.verified ? "verified: " : "present, not verified yet: ") + cli::plain_text(s.path);
     }
     rows.push_back(
         {c.id, c.license_id + (c.commercial_use ? "" : " (non-commercial)"), human_size(c.size),
@@ -110,7 +112,8 @@ int run_models_list() {
     std::cout << line << "\n";
   }
   for (const BrokenCard& b : broken_cards()) {
-    std::cout << "BROKEN CARD " << b.path << ": " << b.error << "\n";
+    std::cout << "BROKEN CARD " << cli::plain_text(b.path) << ": " << cli::plain_text(b.error)
+              << "\n";
   }
   return 0;
 }
@@ -140,9 +143,9 @@ int run_models_verify(const std::string& id) {
               << (s.verified     ? "OK"
                   : s.id.empty() ? "RECORDED"
                                  : "UNPINNED")
-              << "  sha256 " << s.sha256 << "  " << s.path << "\n";
+              << "  sha256 " << s.sha256 << "  " << cli::plain_text(s.path) << "\n";
     if (s.id.empty()) {
-      std::cerr << "sapiens-seg: " << s.path
+      std::cerr << "sapiens-seg: " << cli::plain_text(s.path)
                 << " matches no model card; its content is recorded as it is now, and later "
                    "loads refuse other content under this path\n";
     }
@@ -161,7 +164,7 @@ int run_models_verify(const std::string& id) {
     try {
       const WeightsStatus s = verify(i);
       std::cout << i << "  " << (s.verified ? "OK" : "UNPINNED") << "  sha256 " << s.sha256 << "  "
-                << s.path << "\n";
+                << cli::plain_text(s.path) << "\n";
     } catch (const Error& e) {
       std::cout << i << "  FAILED\n";
       print_error(e);
@@ -174,7 +177,7 @@ int run_models_verify(const std::string& id) {
 
 int run_models_path(const std::string& id) {
   const WeightsStatus s = weights_status(id);
-  std::cout << s.path << "\n";
+  std::cout << cli::plain_text(s.path) << "\n";
   if (!s.present) {
     std::fprintf(stderr, "sapiens-seg: %s is not downloaded; this is where it would go\n",
                  s.id.c_str());
@@ -346,13 +349,13 @@ int main(int argc, char** argv) try {
   if (verbose) setenv("SAPIENS_SEG_LOG", "info", 1);
   try {
     if (s->parsed()) {
-      std::signal(SIGINT, on_sigint);
+      cli::install_stop_handlers();
       seg.quiet = seg.quiet || quiet;
       if (seg.quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
-      return cli::run_segment(seg, load_options(la), g_cancel);
+      return cli::run_segment(seg, load_options(la));
     }
     if (m->parsed()) {
-      std::signal(SIGINT, on_sigint);
+      cli::install_stop_handlers();
       if (m_download->parsed()) return run_models_download(model_id, use_hf_token);
       if (m_verify->parsed()) return run_models_verify(model_id);
       if (m_path->parsed()) return run_models_path(model_id);
@@ -365,12 +368,12 @@ int main(int argc, char** argv) try {
     // Ctrl-C while the weights download: a cancel, not a failure (the .part file is kept).
     if (g_cancel) {
       const std::string what = e.what();
-      std::fprintf(stderr, "sapiens-seg: interrupted (%s)%s\n",
-                   what.substr(0, what.find('\n')).c_str(),
+      std::fprintf(stderr, "sapiens-seg: interrupted by %s (%s)%s\n", cli::stop_reason().c_str(),
+                   cli::plain_text(what.substr(0, what.find('\n'))).c_str(),
                    e.code() == ErrorCode::kDownloadFailed
                        ? "; the partial download is kept and the next run resumes it"
                        : "");
-      return 130;
+      return 128 + (cli::stop_signal() ? cli::stop_signal() : SIGINT);
     }
     print_error(e);
     return exit_code(e.code());

@@ -1,5 +1,7 @@
 #include "outputs.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <vector>
@@ -7,22 +9,11 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include "cli/files.hpp"
 #include "cli/json_paths.hpp"
-#include "io/npy.hpp"
 
 namespace sapiens_seg::cli {
 namespace fs = std::filesystem;
-
-namespace {
-void write_image(const std::string& path, const cv::Mat& m) {
-  std::vector<std::uint8_t> buf;
-  const std::string ext = fs::path(path).extension().string();
-  if (!cv::imencode(ext.empty() ? ".png" : ext, m, buf)) {
-    throw Error(ErrorCode::kIo, "cannot encode " + path);
-  }
-  io::write_file_atomic(path, buf.data(), buf.size());
-}
-}  // namespace
 
 SaveSet parse_save(const std::string& list) {
   SaveSet s{false, false, false, false, false, false};
@@ -48,21 +39,6 @@ SaveSet parse_save(const std::string& list) {
   return s;
 }
 
-OutputNames output_names(const std::string& dir, const std::string& stem,
-                         const std::string& input_name, OverlayStyle style) {
-  const std::string base = (fs::path(dir) / stem).string();
-  OutputNames n;
-  n.labels_png = base + "_seg.png";
-  // The authors' demo writes its side-by-side picture under the input's own name.
-  std::string ext = fs::path(input_name).extension().string();
-  if (ext.empty() || !cv::haveImageWriter("x" + ext)) ext = ".png";
-  n.overlay = style == OverlayStyle::kSideBySide ? base + ext : base + "_overlay.png";
-  n.mask_npy = base + ".npy";
-  n.labels_npy = base + "_seg.npy";
-  n.logits_npy = base + "_logits.npy";
-  return n;
-}
-
 bool outputs_exist(const OutputNames& n, const SaveSet& s) {
   std::error_code ec;
   auto ok = [&](bool wanted, const std::string& p) { return !wanted || fs::exists(p, ec); };
@@ -70,21 +46,39 @@ bool outputs_exist(const OutputNames& n, const SaveSet& s) {
          ok(s.npy, n.labels_npy) && ok(s.logits, n.logits_npy);
 }
 
-std::vector<std::uint8_t> overlay_bgr(const Result& r, const Image& image, OverlayStyle style,
-                                      float opacity, int* width) {
-  const Image ov = overlay(r, image.view(), opacity);
-  cv::Mat blend(ov.height, ov.width, CV_8UC3, const_cast<std::uint8_t*>(ov.rgb.data()));
-  cv::Mat out;
-  if (style == OverlayStyle::kSideBySide) {
-    const cv::Mat input(image.height, image.width, CV_8UC3,
-                        const_cast<std::uint8_t*>(image.rgb.data()));
-    cv::hconcat(input, blend, out);
-    cv::cvtColor(out, out, cv::COLOR_RGB2BGR);
-  } else {
-    cv::cvtColor(blend, out, cv::COLOR_RGB2BGR);
+cv::Mat overlay_bgr(const Result& r, const Image& image, OverlayStyle style, float opacity) {
+  const bool sbs = style == OverlayStyle::kSideBySide;
+  const int w = r.width, h = r.height;
+  cv::Mat out(h, sbs ? 2 * w : w, CV_8UC3);
+  // The library's overlay() on strips of 64 to 95 rows (a Result holding only those rows'
+  // labels): its arithmetic, without a full-size RGB picture besides the output. A strip has at
+  // least 32 rows, as any image the library takes.
+  constexpr int kRows = 64, kMinRows = 32;
+  Result strip;
+  strip.width = w;
+  strip.palette = r.palette;
+  strip.classes = r.classes;
+  for (int y0 = 0, rows = 0; y0 < h; y0 += rows) {
+    rows = h - y0 - kRows < kMinRows ? h - y0 : kRows;
+    const std::size_t first = static_cast<std::size_t>(y0) * w;
+    strip.height = rows;
+    strip.labels.assign(
+        r.labels.begin() + static_cast<std::ptrdiff_t>(first),
+        r.labels.begin() + static_cast<std::ptrdiff_t>(first + std::size_t(rows) * w));
+    const ImageView view{image.rgb.data() + first * 3, rows, w, 0};
+    const Image ov = overlay(strip, view, opacity);
+    const cv::Mat blend(rows, w, CV_8UC3, const_cast<std::uint8_t*>(ov.rgb.data()));
+    if (sbs) {
+      const cv::Mat input(rows, w, CV_8UC3, const_cast<std::uint8_t*>(view.data));
+      cv::Mat left = out(cv::Rect(0, y0, w, rows)), right = out(cv::Rect(w, y0, w, rows));
+      cv::cvtColor(input, left, cv::COLOR_RGB2BGR);
+      cv::cvtColor(blend, right, cv::COLOR_RGB2BGR);
+    } else {
+      cv::Mat dst = out(cv::Rect(0, y0, w, rows));
+      cv::cvtColor(blend, dst, cv::COLOR_RGB2BGR);
+    }
   }
-  *width = out.cols;
-  return {out.data, out.data + out.total() * 3};
+  return out;
 }
 
 nlohmann::json class_counts(const Result& r) {
@@ -107,24 +101,38 @@ nlohmann::json write_outputs(const Result& r, const Image& image, const OutputNa
     put_path(outputs, "labels_png", names.labels_png);
   }
   if (save.overlay) {
-    int w = 0;
-    std::vector<std::uint8_t> bgr = overlay_bgr(r, image, style, opacity, &w);
-    write_image(names.overlay, cv::Mat(r.height, w, CV_8UC3, bgr.data()));
+    write_image(names.overlay, overlay_bgr(r, image, style, opacity));
     put_path(outputs, "overlay", names.overlay);
   }
-  if (save.npy) {
-    const std::vector<std::int64_t> wide(r.labels.begin(), r.labels.end());
-    io::write_npy(names.labels_npy, "<i8", 8, shape, wide.data());
+  if (save.npy) {  // int64, as the demo saves it: 8 bytes a pixel, so converted piece by piece
+    std::size_t at = 0;
+    write_npy(names.labels_npy, "<i8", 8, shape, [&](void* buf, std::size_t n) {
+      auto* out = static_cast<std::int64_t*>(buf);
+      for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k];
+      at += n;
+      return n;
+    });
     put_path(outputs, "labels_npy", names.labels_npy);
   }
   if (save.mask) {
-    const std::vector<std::uint8_t> fg = r.foreground();
-    io::write_npy(names.mask_npy, "|b1", 1, shape, fg.data());
+    std::size_t at = 0;
+    write_npy(names.mask_npy, "|b1", 1, shape, [&](void* buf, std::size_t n) {
+      auto* out = static_cast<std::uint8_t*>(buf);
+      for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k] != 0 ? 1 : 0;
+      at += n;
+      return n;
+    });
     put_path(outputs, "mask_npy", names.mask_npy);
   }
   if (save.logits) {
     const std::int64_t classes = static_cast<std::int64_t>(r.classes.size());
-    io::write_npy(names.logits_npy, "<f4", 4, {classes, r.height, r.width}, r.logits.data());
+    std::size_t at = 0;
+    write_npy(names.logits_npy, "<f4", 4, {classes, r.height, r.width},
+              [&](void* buf, std::size_t n) {
+                std::memcpy(buf, r.logits.data() + at, n * sizeof(float));
+                at += n;
+                return n;
+              });
     put_path(outputs, "logits_npy", names.logits_npy);
   }
   return {{"height", r.height},

@@ -5,7 +5,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/naming.hpp"
 #include "sapiens_seg/model.hpp"
+
+namespace cv {
+class Mat;
+}
 
 namespace sapiens_seg::cli {
 
@@ -22,31 +27,19 @@ struct SaveSet {
 // Parses "labels,overlay,mask,npy,logits,json" (any subset). Throws Error(kInvalidInput).
 SaveSet parse_save(const std::string& list);
 
-enum class OverlayStyle {
-  kBlend,       // palette blended over the photo, same size
-  kSideBySide,  // input | blend, as the authors' demo saves it, under the input's file name
-};
-
-struct OutputNames {
-  std::string labels_png, overlay, mask_npy, labels_npy, logits_npy;
-};
-
-// `stem` is the output base name; `input_name` the input's file name (for the demo's
-// side-by-side image, which keeps it).
-OutputNames output_names(const std::string& dir, const std::string& stem,
-                         const std::string& input_name, OverlayStyle style);
-
 // True when every selected output exists already (--skip-existing).
 bool outputs_exist(const OutputNames& names, const SaveSet& save);
 
-// Writes the selected files, each atomically (temporary file, then rename), and returns the
-// per-image JSON entry (size, outputs, backend, timings, pixel count per class present).
+// Writes the selected files, each atomically (files.hpp), and returns the per-image JSON entry
+// (size, outputs, backend, timings, pixel count per class present). Memory: besides the image
+// and its labels, at most one full-size picture (the overlay, in the encoder's BGR order) and
+// buffers of a few MB; the .npy files are written in pieces.
 nlohmann::json write_outputs(const Result& result, const Image& image, const OutputNames& names,
                              const SaveSet& save, OverlayStyle style, float opacity);
 
-// The overlay image (blend or side-by-side) as BGR for encoders.
-std::vector<std::uint8_t> overlay_bgr(const Result& result, const Image& image, OverlayStyle style,
-                                      float opacity, int* width);
+// The overlay image (blend or side-by-side) as BGR for encoders, made in strips of rows so that
+// no second full-size RGB copy exists on the way.
+cv::Mat overlay_bgr(const Result& result, const Image& image, OverlayStyle style, float opacity);
 
 // Pixel count per class present, by name.
 nlohmann::json class_counts(const Result& result);

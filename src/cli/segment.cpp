@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,11 +24,13 @@
 #include <opencv2/imgproc.hpp>
 #include <opencv2/videoio.hpp>
 
+#include "cli/files.hpp"
 #include "cli/inputs.hpp"
 #include "cli/json_paths.hpp"
+#include "cli/naming.hpp"
 #include "cli/outputs.hpp"
 #include "cli/queue.hpp"
-#include "io/npy.hpp"
+#include "cli/stop.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
 namespace sapiens_seg::cli {
@@ -49,7 +53,7 @@ void prepare_out_dir(const std::string& dir) {
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::kIo, "cannot create output folder " + dir + ": " + ec.message());
   const std::string probe = (fs::path(dir) / ".sapiens-seg-write-test").string();
-  io::write_file_atomic(probe, "", 0);
+  write_file(probe, "", 0);
   fs::remove(probe, ec);
 }
 
@@ -60,17 +64,27 @@ class Reporter {
   Reporter(std::size_t total, const SegmentArgs& args)
       : total_(total), args_(args), tty_(isatty(fileno(stderr)) != 0 && !args.quiet) {}
 
+  void set_total(std::size_t total) {
+    std::lock_guard<std::mutex> lock(mu_);
+    total_ = total;
+  }
+
   void ok(const std::string& input, nlohmann::json entry) {
     put_path(entry, "input", input);
     entry["status"] = "ok";
     std::lock_guard<std::mutex> lock(mu_);
     if (args_.json_lines) {
-      std::cout << dump_json(entry) << "\n" << std::flush;
+      out(dump_json(entry));
     } else if (!args_.quiet) {
       clear_bar();
-      std::cout << input << " -> " << first_output(entry) << " (" << entry.value("width", 0) << "x"
-                << entry.value("height", 0) << ")\n"
-                << std::flush;
+      std::string line = plain_text(input) + " -> " + plain_text(first_output(entry)) + " (" +
+                         std::to_string(entry.value("width", 0)) + "x" +
+                         std::to_string(entry.value("height", 0)) + ")";
+      if (entry.contains("warnings")) {
+        for (const auto& w : entry["warnings"])
+          line += " [warning: " + plain_text(w.get<std::string>()) + "]";
+      }
+      out(line);
     }
     summary_.push_back(dump_json(entry));
     ++done_;
@@ -86,8 +100,8 @@ class Reporter {
     std::lock_guard<std::mutex> lock(mu_);
     clear_bar();
     std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
-                 e.what());
-    if (args_.json_lines) std::cout << dump_json(entry) << "\n" << std::flush;
+                 plain_text(e.what()).c_str());
+    if (args_.json_lines) out(dump_json(entry));
     summary_.push_back(dump_json(entry));
     if (status_ == 0) status_ = exit_code(e.code());
     ++done_;
@@ -100,7 +114,7 @@ class Reporter {
     put_path(entry, "input", input);
     entry["status"] = "skipped";
     std::lock_guard<std::mutex> lock(mu_);
-    if (args_.json_lines) std::cout << dump_json(entry) << "\n" << std::flush;
+    if (args_.json_lines) out(dump_json(entry));
     skipped_.push_back(std::move(entry));
     ++done_;
     draw();
@@ -111,7 +125,7 @@ class Reporter {
     std::lock_guard<std::mutex> lock(mu_);
     clear_bar();
     std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
-                 e.what());
+                 plain_text(e.what(), /*keep_newlines=*/true).c_str());
     if (status_ == 0) status_ = exit_code(e.code());
   }
 
@@ -119,7 +133,8 @@ class Reporter {
   void frames(const std::string& input, std::int64_t done, std::int64_t total) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!tty_) return;
-    std::fprintf(stderr, "\r%s: frame %lld/%lld ", fs::path(input).filename().c_str(),
+    std::fprintf(stderr, "\r%s: frame %lld/%lld ",
+                 plain_text(fs::path(input).filename().string()).c_str(),
                  static_cast<long long>(done), static_cast<long long>(total));
     std::fflush(stderr);
     bar_shown_ = true;
@@ -130,7 +145,7 @@ class Reporter {
     std::lock_guard<std::mutex> lock(mu_);
     if (args_.quiet) return;
     clear_bar();
-    std::fprintf(stderr, "sapiens-seg: warning: %s\n", message.c_str());
+    std::fprintf(stderr, "sapiens-seg: warning: %s\n", plain_text(message).c_str());
     bar_shown_ = false;
   }
 
@@ -150,6 +165,13 @@ class Reporter {
   const nlohmann::json& skipped_entries() const { return skipped_; }
 
  private:
+  // One line on stdout. A reader that has gone (`--json | head -1`) stops the run as a signal
+  // does: SIGPIPE is ignored (stop.hpp), so the write fails with EPIPE instead of killing us.
+  void out(const std::string& line) {
+    if (!std::cout.good()) return;
+    std::cout << line << "\n" << std::flush;
+    if (!std::cout.good()) request_stop(SIGPIPE);
+  }
   static std::string first_output(const nlohmann::json& e) {
     if (!e.contains("outputs")) return "(no outputs selected)";
     for (const char* key : {"labels_png", "overlay", "overlay_video", "frames_dir", "labels_npy",
@@ -413,7 +435,7 @@ struct VideoOut {
 // Videos: frames in order, batched, written to an overlay video (H.264 or mp4v in .mp4, see
 // VideoOut; the input's fps divided by the stride, the input's frame size) and/or one label PNG
 // per processed frame.
-void run_video(const Model& model, const std::string& path, const std::string& stem,
+void run_video(const Model& model, const std::string& path, const OutputNames& names,
                const SegmentArgs& a, const SaveSet& save, OverlayStyle style, Reporter& report,
                const std::atomic<bool>& cancel) {
   cv::VideoCapture cap(path);
@@ -423,11 +445,12 @@ void run_video(const Model& model, const std::string& path, const std::string& s
   }
   const double fps = cap.get(cv::CAP_PROP_FPS) > 0 ? cap.get(cv::CAP_PROP_FPS) : 25.0;
   const auto total = static_cast<std::int64_t>(cap.get(cv::CAP_PROP_FRAME_COUNT));
-  const fs::path base = fs::path(a.out_dir) / stem;
-  const std::string video_out = base.string() + "_overlay.mp4";
-  const std::string video_tmp = base.string() + "_overlay.partial.mp4";
-  const fs::path frames_dir = base.string() + "_frames";
+  const std::string& video_out = names.overlay_video;
+  const std::string& video_tmp = names.overlay_video_partial;
+  const fs::path frames_dir = names.frames_dir;
   VideoOut video;
+  // A second signal (stop.hpp) removes the unfinished video before the process ends.
+  const TempFileGuard partial_guard(video_tmp);
   std::int64_t read = 0, processed = 0;
   std::vector<Image> batch;
   std::vector<std::int64_t> batch_index;
@@ -439,9 +462,7 @@ void run_video(const Model& model, const std::string& path, const std::string& s
     const std::vector<Result> results = model.segment(inputs);
     for (std::size_t j = 0; j < batch.size(); ++j) {
       if (save.overlay) {
-        int w = 0;
-        std::vector<std::uint8_t> bgr = overlay_bgr(results[j], batch[j], style, a.opacity, &w);
-        const cv::Mat frame(batch[j].height, w, CV_8UC3, bgr.data());
+        const cv::Mat frame = overlay_bgr(results[j], batch[j], style, a.opacity);
         if (!video.writer.isOpened()) {
           video.open(video_tmp, a.codec, fps / a.stride, frame.size());
           if (!video.fallback.empty()) report.warn(path + ": " + video.fallback);
@@ -452,12 +473,9 @@ void run_video(const Model& model, const std::string& path, const std::string& s
         char name[32];
         std::snprintf(name, sizeof name, "frame_%06lld_seg.png",
                       static_cast<long long>(batch_index[j]));
-        std::vector<std::uint8_t> png;
-        cv::imencode(".png",
-                     cv::Mat(results[j].height, results[j].width, CV_8U,
-                             const_cast<std::uint8_t*>(results[j].labels.data())),
-                     png);
-        io::write_file_atomic((frames_dir / name).string(), png.data(), png.size());
+        write_image((frames_dir / name).string(),
+                    cv::Mat(results[j].height, results[j].width, CV_8U,
+                            const_cast<std::uint8_t*>(results[j].labels.data())));
       }
       ++processed;
     }
@@ -497,6 +515,7 @@ void run_video(const Model& model, const std::string& path, const std::string& s
       throw Error(ErrorCode::kInvalidInput, "no frame could be read from " + path);
     nlohmann::json entry = {{"frames", processed},
                             {"frames_read", read},
+                            {"frames_in_container", total},
                             {"fps", fps},
                             {"width", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_WIDTH))},
                             {"height", static_cast<int>(cap.get(cv::CAP_PROP_FRAME_HEIGHT))},
@@ -504,6 +523,16 @@ void run_video(const Model& model, const std::string& path, const std::string& s
     if (save.overlay) {
       entry["codec"] = video.codec;
       if (!video.fallback.empty()) entry["codec_fallback"] = video.fallback;
+    }
+    // A cut file (a copy or download that stopped) decodes up to the cut and then reads as
+    // ended: only the container's frame count (given, or estimated by FFmpeg from its duration)
+    // tells. The frames read are segmented and written; the entry says what is missing.
+    if (total > 0 && read < total) {
+      const std::string why = "truncated or damaged: only " + std::to_string(read) + " of the " +
+                              std::to_string(total) + " frames the container lists could be read";
+      entry["truncated"] = true;
+      entry["warnings"] = nlohmann::json::array({why});
+      report.warn(path + ": " + why);
     }
     report.ok(path, std::move(entry));
   } catch (...) {
@@ -518,33 +547,58 @@ void run_video(const Model& model, const std::string& path, const std::string& s
   }
 }
 
+// The summary.json a previous run left in the output folder: its entries (kept by a resumed
+// run), the base name of each input it lists (kept by this run's names), and the names of all
+// the files it lists (never taken as inputs, never written for another input).
+struct PreviousSummary {
+  nlohmann::json images = nlohmann::json::array();
+  std::map<std::string, std::string> base_of;                // input -> base
+  std::map<std::string, std::vector<std::string>> files_of;  // input -> output file names
+  std::set<std::string> files;
+};
+
+// An unreadable previous summary is left out with a warning (and replaced when json is saved).
+PreviousSummary read_previous_summary(const fs::path& file, Reporter& report) {
+  PreviousSummary prev;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return prev;
+  try {
+    std::ifstream in(file);
+    nlohmann::json old = nlohmann::json::parse(in);
+    if (!old.is_object() || !old.contains("images") || !old["images"].is_array()) {
+      throw std::runtime_error("no \"images\" list");
+    }
+    prev.images = std::move(old["images"]);
+  } catch (const std::exception& e) {
+    report.warn("the previous " + file.string() + " cannot be read (" + e.what() +
+                "); it is replaced by this run's summary");
+    return PreviousSummary{};
+  }
+  for (const auto& e : prev.images) {
+    const std::string input = get_path(e, "input");
+    if (input.empty() || !e.contains("outputs") || !e["outputs"].is_object()) continue;
+    std::string base;
+    for (const char* kind : {"labels_npy", "mask_npy", "labels_png", "logits_npy", "overlay_video",
+                             "frames_dir", "overlay"}) {
+      const std::string f = fs::path(get_path(e["outputs"], kind)).filename().string();
+      if (f.empty()) continue;
+      prev.files.insert(f);
+      prev.files_of[input].push_back(f);
+      if (base.empty()) base = base_of_output(kind, f);
+    }
+    if (!base.empty()) prev.base_of[input] = base;
+  }
+  return prev;
+}
+
 // --skip-existing resumes a run in the same folder: the entries of the previous summary.json
 // stay, those of inputs segmented again are replaced (same place), new ones are appended, and a
-// skipped input without a previous entry is listed as "skipped". An unreadable previous summary
-// is left out with a warning.
-nlohmann::json merge_summaries(const fs::path& file, const std::vector<std::string>& current_text,
+// skipped input without a previous entry is listed as "skipped".
+nlohmann::json merge_summaries(nlohmann::json previous,
+                               const std::vector<std::string>& current_text,
                                const nlohmann::json& skipped) {
   nlohmann::json current = nlohmann::json::array();
   for (const auto& t : current_text) current.push_back(nlohmann::json::parse(t));
-  nlohmann::json previous = nlohmann::json::array();
-  std::error_code ec;
-  if (fs::exists(file, ec)) {
-    try {
-      std::ifstream in(file);
-      nlohmann::json old = nlohmann::json::parse(in);
-      if (old.is_object() && old.contains("images") && old["images"].is_array()) {
-        previous = std::move(old["images"]);
-      } else {
-        throw std::runtime_error("no \"images\" list");
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr,
-                   "sapiens-seg: warning: the previous %s cannot be read (%s); it is replaced by "
-                   "this run's summary\n",
-                   file.c_str(), e.what());
-      previous = nlohmann::json::array();
-    }
-  }
   std::map<std::string, const nlohmann::json*> fresh;
   for (const auto& e : current) fresh.emplace(get_path(e, "input"), &e);
   std::set<std::string> placed;
@@ -565,40 +619,105 @@ nlohmann::json merge_summaries(const fs::path& file, const std::vector<std::stri
   return merged;
 }
 
+std::string key_of(const std::string& path) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(path, ec);
+  return ec ? fs::absolute(path, ec).lexically_normal().string() : c.string();
+}
+
+bool can_write_ext(const std::string& ext) {
+  return cv::haveImageWriter("x" + ext);
+}
+
 }  // namespace
 
-int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
-                const std::atomic<bool>& cancel) {
+int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
+  const std::atomic<bool>& cancel = stop_flag();
   const SaveSet save = parse_save(a.save);
   const OverlayStyle style =
       a.overlay_style == "side-by-side" ? OverlayStyle::kSideBySide : OverlayStyle::kBlend;
-  const ExpandedInputs in = expand_inputs(a.inputs, a.recursive, parse_extensions(a.extensions));
-  if (in.items.empty() && in.missing.empty()) {
-    throw Error(ErrorCode::kInvalidInput, "no inputs (folders are searched for the extensions " +
-                                              a.extensions + "; use --recursive for sub-folders)");
+  const fs::path summary_file = fs::path(a.out_dir) / "summary.json";
+  // The counts are known only once the inputs are: the reporter starts with none.
+  Reporter report(0, a);
+  const PreviousSummary prev = read_previous_summary(summary_file, report);
+
+  InputRules rules;
+  rules.exts = parse_extensions(a.extensions);
+  rules.recursive = a.recursive;
+  rules.out_dir = a.out_dir;
+  rules.previous_outputs = prev.files;
+  const ExpandedInputs in = expand_inputs(a.inputs, rules);
+  if (in.items.empty() && in.problems.empty()) {
+    throw Error(ErrorCode::kInvalidInput,
+                "no inputs (folders are searched for the extensions " + a.extensions +
+                    "; use --recursive for sub-folders" +
+                    (in.excluded ? "; " + std::to_string(in.excluded) +
+                                       " files of the output folder are outputs, not inputs"
+                                 : std::string()) +
+                    ")");
+  }
+  // A checkpoint must be a regular file: a FIFO would block the load, a folder is not one.
+  if (const std::string kind = special_file_kind(a.model); !kind.empty()) {
+    throw Error(ErrorCode::kInvalidInput,
+                "--model " + a.model + " is " + kind +
+                    ", not a checkpoint file (a .pt2 TorchScript archive or a .safetensors file) "
+                    "or a card id");
   }
   prepare_out_dir(a.out_dir);
-  Reporter report(in.items.size() + in.missing.size(), a);
-  for (const auto& m : in.missing)
-    report.failed(m, Error(ErrorCode::kNotFound, "input not found: " + m));
+  report.set_total(in.items.size() + in.problems.size());
+  for (const auto& note : in.notes) report.warn(note);
+  if (in.excluded > 0) {
+    report.warn(std::to_string(in.excluded) + " files in the output folder " + a.out_dir +
+                " are outputs of sapiens-seg (named in its summary.json, or *_seg.png, "
+                "*_overlay.png, *_overlay.mp4, *.tmp<N>): not taken as inputs");
+  }
+  for (const auto& p : in.problems) report.failed(p.path, Error(p.code, p.message));
   if (in.items.empty()) return report.status();
+
+  // Every output name of the run, decided before anything is written (naming.hpp).
+  const std::string out_key = key_of(a.out_dir);
+  std::set<std::string> taken = {"summary.json", ".sapiens-seg-write-test"};
+  std::vector<NameRequest> requests;
+  std::set<std::string> inputs_here;
+  requests.reserve(in.items.size());
+  for (const auto& item : in.items) {
+    NameRequest r;
+    r.path = item.path;
+    r.identity = key_of(item.path);
+    r.video = item.video;
+    if (const auto it = prev.base_of.find(item.path); it != prev.base_of.end()) {
+      r.pinned_base = it->second;
+    }
+    if (fs::path(r.identity).parent_path().string() == out_key) {
+      taken.insert(fs::path(r.identity).filename().string());  // an input in the output folder
+    }
+    inputs_here.insert(item.path);
+    requests.push_back(std::move(r));
+  }
+  for (const auto& [input, files] : prev.files_of) {
+    if (!inputs_here.count(input)) taken.insert(files.begin(), files.end());
+  }
+  const std::vector<std::string> bases = assign_bases(requests, taken, style, can_write_ext);
+  {
+    std::vector<std::string> paths;
+    paths.reserve(in.items.size());
+    for (const auto& item : in.items) paths.push_back(item.path);
+    protect_inputs(paths);
+  }
 
   const Model model = load(a.model, load_options);
 
-  // Output names: the input's stem, made unique within the run.
-  std::set<std::string> stems;
   std::vector<Job> jobs;
-  std::vector<std::pair<std::string, std::string>> videos;
-  for (const auto& item : in.items) {
-    const fs::path p(item.path);
-    std::string stem = p.stem().string();
-    for (int k = 2; stems.count(stem); ++k) stem = p.stem().string() + "_" + std::to_string(k);
-    stems.insert(stem);
+  std::vector<std::pair<std::string, OutputNames>> videos;
+  for (std::size_t i = 0; i < in.items.size(); ++i) {
+    const auto& item = in.items[i];
+    const std::string name = fs::path(item.path).filename().string();
+    OutputNames names = output_names(a.out_dir, bases[i], name, item.video, style, can_write_ext);
     if (item.video) {
-      videos.emplace_back(item.path, stem);
+      videos.emplace_back(item.path, std::move(names));
       continue;
     }
-    Job job{item.path, output_names(a.out_dir, stem, p.filename().string(), style)};
+    Job job{item.path, std::move(names)};
     if (a.skip_existing && outputs_exist(job.names, save)) {
       report.skipped(item.path);
       continue;
@@ -606,14 +725,13 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
     jobs.push_back(std::move(job));
   }
   run_images(model, jobs, a, save, style, report, cancel);
-  for (const auto& [path, stem] : videos) {
+  for (const auto& [path, names] : videos) {
     if (cancel) break;
-    run_video(model, path, stem, a, save, style, report, cancel);
+    run_video(model, path, names, a, save, style, report, cancel);
   }
   report.finish();
 
   if (save.json) {
-    const fs::path file = fs::path(a.out_dir) / "summary.json";
     nlohmann::json summary = {{"model", model.info().id},
                               {"sha256", model.info().sha256},
                               {"version", version()},
@@ -622,12 +740,15 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
                                 {"device", model.info().backend.device},
                                 {"dtype", model.info().backend.dtype}}},
                               {"cancelled", cancel.load()}};
+    if (cancel) summary["cancelled_by"] = stop_reason();
+    if (in.excluded > 0) summary["outputs_not_taken_as_inputs"] = in.excluded;
     put_path(summary, "checkpoint", model.info().path);
     // The entries are written from their texts, one line each, so the file costs no parsed
     // tree (a resumed run merges with the previous file's entries, and parses them).
     std::vector<std::string> merged;
     if (a.skip_existing) {
-      for (const auto& e : merge_summaries(file, report.summary(), report.skipped_entries())) {
+      for (const auto& e :
+           merge_summaries(prev.images, report.summary(), report.skipped_entries())) {
         merged.push_back(dump_json(e));
       }
     }
@@ -641,17 +762,19 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options,
       text += images[i];
     }
     text += images.empty() ? "]\n}\n" : "\n  ]\n}\n";
-    io::write_file_atomic(file.string(), text.data(), text.size());
+    write_file(summary_file.string(), text.data(), text.size());
   }
   if (cancel) {
+    const int sig = stop_signal() ? stop_signal() : SIGINT;
     std::fprintf(stderr,
-                 "sapiens-seg: interrupted; finished outputs are complete, run again with "
-                 "--skip-existing to continue\n");
-    return 130;
+                 "sapiens-seg: interrupted by %s; finished outputs are complete, run again with "
+                 "--skip-existing to continue\n",
+                 stop_reason().c_str());
+    return 128 + sig;
   }
   if (report.failed_count() > 0 && !a.quiet) {
     std::fprintf(stderr, "sapiens-seg: %zu of %zu inputs failed\n", report.failed_count(),
-                 in.items.size() + in.missing.size());
+                 in.items.size() + in.problems.size());
   }
   return report.status();
 }

@@ -1,7 +1,6 @@
 // `sapiens-seg segment`: images, folders, lists and videos through a bounded pipeline.
 #pragma once
 
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -29,9 +28,9 @@ struct SegmentArgs {
   bool skip_existing = false;
 };
 
-// Returns the exit status: 0, 130 after Ctrl-C, or 10 + the first error's code when some inputs
-// failed (the others are still written).
-int run_segment(const SegmentArgs& args, const LoadOptions& load_options,
-                const std::atomic<bool>& cancel);
+// Returns the exit status: 0, 128 + the signal after a stop (stop.hpp: SIGINT 130, SIGTERM 143,
+// SIGHUP 129, a closed stdout 141), or 10 + the first error's code when some inputs failed (the
+// others are still written). Output names: naming.hpp.
+int run_segment(const SegmentArgs& args, const LoadOptions& load_options);
 
 }  // namespace sapiens_seg::cli

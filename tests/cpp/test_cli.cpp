@@ -1,12 +1,24 @@
-// Pieces of the CLI: how paths that are not UTF-8 are written into JSON.
+// Pieces of the CLI: how paths that are not UTF-8 are written into JSON, plain text for
+// terminals, the output-name registry, and which files are inputs.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 
+#include "cli/inputs.hpp"
 #include "cli/json_paths.hpp"
+#include "cli/naming.hpp"
 
 using namespace sapiens_seg::cli;
+using sapiens_seg::ErrorCode;
 
 TEST(UnitCliJson, Utf8Validation) {
   EXPECT_TRUE(is_valid_utf8(""));
@@ -54,4 +66,352 @@ TEST(UnitCliJson, DumpNeverThrows) {
   const nlohmann::json j = {{"bad", std::string("\xE9")}};
   EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);
   EXPECT_EQ(dump_json(j), "{\"bad\":\"\xEF\xBF\xBD\"}");
+}
+
+// ---- plain text: one record per line, no escape sequence on a terminal ----------------------
+
+TEST(UnitCliText, PlainTextEscapesControlCharacters) {
+  EXPECT_EQ(plain_text("photo.jpg"), "photo.jpg");
+  EXPECT_EQ(plain_text("caf\xC3\xA9 \xE2\x82\xAC.png"), "caf\xC3\xA9 \xE2\x82\xAC.png");
+  EXPECT_EQ(plain_text("a\nb.png"), "a\\x0Ab.png");
+  EXPECT_EQ(plain_text("a\rb\tc"), "a\\x0Db\\x09c");
+  EXPECT_EQ(plain_text("\x1b[31mred\x1b[0m.png"), "\\x1B[31mred\\x1B[0m.png");
+  EXPECT_EQ(plain_text("del\x7f"), "del\\x7F");
+  EXPECT_EQ(plain_text("c1\xC2\x9B"
+                       "2J"),
+            "c1\\xC2\\x9B2J");                                                   // CSI as C1
+  EXPECT_EQ(plain_text("rtl\xE2\x80\xAEgnp.exe"), "rtl\\xE2\\x80\\xAEgnp.exe");  // U+202E
+  EXPECT_EQ(plain_text("ls\xE2\x80\xA8x"), "ls\\xE2\\x80\\xA8x");                // U+2028
+  EXPECT_EQ(plain_text("bad\xE9"), "bad\\xE9");
+  EXPECT_EQ(plain_text("two\nlines", /*keep_newlines=*/true), "two\nlines");
+  EXPECT_EQ(plain_text("esc\x1b", /*keep_newlines=*/true), "esc\\x1B");
+  for (int c = 0; c < 256; ++c) {  // no byte at all passes as a C0 control or DEL
+    const std::string t = plain_text(std::string(1, static_cast<char>(c)));
+    for (const char k : t) EXPECT_FALSE(static_cast<unsigned char>(k) < 0x20 || k == 0x7f) << c;
+  }
+}
+
+// ---- output names: decided before writing, never shared, stable across runs ------------------
+
+namespace {
+
+bool writes_everything(const std::string&) {
+  return true;
+}
+
+NameRequest req(const std::string& path, bool video = false) {
+  return {path, "/data/" + path, video, ""};
+}
+
+std::map<std::string, std::string> bases_by_path(const std::vector<NameRequest>& rs,
+                                                 const std::set<std::string>& taken = {},
+                                                 OverlayStyle style = OverlayStyle::kBlend) {
+  const auto bases = assign_bases(rs, taken, style, writes_everything);
+  std::map<std::string, std::string> out;
+  for (std::size_t i = 0; i < rs.size(); ++i) out[rs[i].path] = bases[i];
+  return out;
+}
+
+// Every claimed file name of the run, checked to be claimed once and not taken.
+void expect_no_shared_file(const std::vector<NameRequest>& rs, const std::set<std::string>& taken,
+                           OverlayStyle style) {
+  const auto bases = assign_bases(rs, taken, style, writes_everything);
+  std::map<std::string, std::string> owner;
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    const std::string name = std::filesystem::path(rs[i].path).filename().string();
+    for (const auto& f : claimed_names(bases[i], name, rs[i].video, style, writes_everything)) {
+      EXPECT_FALSE(taken.count(f)) << rs[i].path << " writes " << f;
+      const auto [it, fresh] = owner.emplace(f, rs[i].path);
+      EXPECT_TRUE(fresh) << f << " is written by " << it->second << " and " << rs[i].path;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(UnitCliNames, UniqueStemsKeepTheDemosNames) {
+  const auto b = bases_by_path({req("a.jpg"), req("b.png"), req("clip.mp4", true)});
+  EXPECT_EQ(b.at("a.jpg"), "a");
+  EXPECT_EQ(b.at("b.png"), "b");
+  EXPECT_EQ(b.at("clip.mp4"), "clip");
+  const auto n = output_names("out", "a", "a.jpg", false, OverlayStyle::kBlend, writes_everything);
+  EXPECT_EQ(n.labels_png, "out/a_seg.png");
+  EXPECT_EQ(n.labels_npy, "out/a_seg.npy");
+  EXPECT_EQ(n.mask_npy, "out/a.npy");
+  EXPECT_EQ(n.overlay, "out/a_overlay.png");
+  const auto s =
+      output_names("out", "a", "a.jpg", false, OverlayStyle::kSideBySide, writes_everything);
+  EXPECT_EQ(s.overlay, "out/a.jpg");
+  const auto p = output_names("out", "a", "a.xyz", false, OverlayStyle::kSideBySide,
+                              [](const std::string& e) { return e != ".xyz"; });
+  EXPECT_EQ(p.overlay, "out/a.png");
+}
+
+TEST(UnitCliNames, AnInputNamedLikeAnotherInputsOutputSharesNoFile) {
+  // x.jpg's labels are x_seg.npy, and so is x_seg.jpg's mask.
+  const std::vector<NameRequest> rs = {req("x.jpg"), req("x_seg.jpg")};
+  const auto b = bases_by_path(rs);
+  EXPECT_EQ(b.at("x.jpg"), "x_jpg");
+  EXPECT_EQ(b.at("x_seg.jpg"), "x_seg_jpg");
+  expect_no_shared_file(rs, {}, OverlayStyle::kBlend);
+}
+
+TEST(UnitCliNames, SameStemsAreNamedByTheirOwnPathNotByOrder) {
+  std::vector<NameRequest> rs = {req("a.jpg"), req("a.png")};
+  const auto first = bases_by_path(rs);
+  EXPECT_EQ(first.at("a.jpg"), "a_jpg");
+  EXPECT_EQ(first.at("a.png"), "a_png");
+  // a.bmp sorts first once added: the others keep their names, so --skip-existing finds them.
+  rs.insert(rs.begin(), req("a.bmp"));
+  const auto second = bases_by_path(rs);
+  EXPECT_EQ(second.at("a.jpg"), "a_jpg");
+  EXPECT_EQ(second.at("a.png"), "a_png");
+  EXPECT_EQ(second.at("a.bmp"), "a_bmp");
+  // Any order gives the same names.
+  std::mt19937 rng(3);
+  for (int k = 0; k < 20; ++k) {
+    std::shuffle(rs.begin(), rs.end(), rng);
+    EXPECT_EQ(bases_by_path(rs), second);
+  }
+}
+
+TEST(UnitCliNames, SameNamesInDifferentFoldersAreHashedByPath) {
+  const std::vector<NameRequest> rs = {req("a/photo.jpg"), req("b/photo.jpg"), req("c/other.png")};
+  const auto b = bases_by_path(rs);
+  EXPECT_NE(b.at("a/photo.jpg"), b.at("b/photo.jpg"));
+  EXPECT_EQ(b.at("a/photo.jpg").rfind("photo_jpg_", 0), 0u) << b.at("a/photo.jpg");
+  EXPECT_EQ(b.at("a/photo.jpg").size(), std::string("photo_jpg_").size() + 8);
+  EXPECT_EQ(b.at("c/other.png"), "other");
+  // The hash is of the input's own path: the same with a third photo.jpg elsewhere.
+  auto more = rs;
+  more.push_back(req("d/photo.jpg"));
+  const auto b2 = bases_by_path(more);
+  EXPECT_EQ(b2.at("a/photo.jpg"), b.at("a/photo.jpg"));
+  EXPECT_EQ(b2.at("b/photo.jpg"), b.at("b/photo.jpg"));
+}
+
+TEST(UnitCliNames, NoOutputReplacesAnInputOrATakenFile) {
+  // -o is the input folder with --overlay side-by-side: photo.jpg's picture would be photo.jpg.
+  const std::vector<NameRequest> rs = {req("photo.jpg"), req("other.png")};
+  const std::set<std::string> taken = {"photo.jpg", "other.png", "summary.json"};
+  const auto b = bases_by_path(rs, taken, OverlayStyle::kSideBySide);
+  EXPECT_EQ(b.at("photo.jpg"), "photo_jpg");
+  EXPECT_EQ(b.at("other.png"), "other_png");
+  expect_no_shared_file(rs, taken, OverlayStyle::kSideBySide);
+  // With the blend overlay nothing collides.
+  const auto blend = bases_by_path(rs, taken, OverlayStyle::kBlend);
+  EXPECT_EQ(blend.at("photo.jpg"), "photo");
+  // A file of the previous summary that belongs to another input is not written either.
+  const auto c = bases_by_path({req("gone.jpg")}, {"gone_seg.png"});
+  EXPECT_EQ(c.at("gone.jpg"), "gone_jpg");
+}
+
+TEST(UnitCliNames, PinnedBasesAreKeptUnlessTheyCollide) {
+  std::vector<NameRequest> rs = {req("a.jpg"), req("a.png")};
+  rs[0].pinned_base = "a";  // a.jpg ran alone before: its files are a_seg.png, ...
+  auto b = bases_by_path(rs);
+  EXPECT_EQ(b.at("a.jpg"), "a");
+  EXPECT_EQ(b.at("a.png"), "a_png");
+  expect_no_shared_file(rs, {}, OverlayStyle::kBlend);
+  // Kept names hold their stem against a newcomer, as a fresh run would name all three.
+  std::vector<NameRequest> three = {req("a.bmp"), req("a.jpg"), req("a.png")};
+  three[1].pinned_base = "a_jpg";
+  three[2].pinned_base = "a_png";
+  EXPECT_EQ(bases_by_path(three), bases_by_path({req("a.bmp"), req("a.jpg"), req("a.png")}));
+  // Pinned to a name that is now an input in the output folder: renamed by the rule.
+  b = bases_by_path(rs, {"a_seg.png"});
+  EXPECT_EQ(b.at("a.jpg"), "a_jpg");
+}
+
+TEST(UnitCliNames, HostileSetsNeverShareAFile) {
+  // Names built to collide: stems that are other inputs' output names, with and without
+  // extensions, in several folders, the same hash forced by equal identities of different paths.
+  const std::vector<std::string> stems = {"a",         "a_seg",    "a_jpg", "a_jpg_seg",
+                                          "a_overlay", "a_logits", "a_png", "a_jpg_00000000"};
+  const std::vector<std::string> exts = {".jpg", ".png", ".seg", "", ".mp4"};
+  std::mt19937 rng(11);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<NameRequest> rs;
+    std::set<std::string> seen;
+    const int count = 2 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < count; ++k) {
+      const std::string dir = std::string(1, static_cast<char>('p' + rng() % 3));
+      const std::string ext = exts[rng() % exts.size()];
+      const std::string path = dir + "/" + stems[rng() % stems.size()] + ext;
+      if (!seen.insert(path).second) continue;
+      NameRequest r = req(path, ext == ".mp4");
+      if (rng() % 5 == 0) r.identity = "/same";  // equal hashes for different paths
+      rs.push_back(r);
+    }
+    std::set<std::string> taken;
+    if (rng() % 2) taken.insert("a_seg.png");
+    for (const auto style : {OverlayStyle::kBlend, OverlayStyle::kSideBySide}) {
+      expect_no_shared_file(rs, taken, style);
+    }
+  }
+}
+
+TEST(UnitCliNames, PreviousOutputsGiveBackTheirBase) {
+  EXPECT_EQ(base_of_output("labels_npy", "a_jpg_seg.npy"), "a_jpg");
+  EXPECT_EQ(base_of_output("mask_npy", "x_seg.npy"), "x_seg");
+  EXPECT_EQ(base_of_output("labels_png", "a_seg.png"), "a");
+  EXPECT_EQ(base_of_output("overlay", "a_overlay.png"), "a");
+  EXPECT_EQ(base_of_output("overlay", "photo_jpg.jpg"), "photo_jpg");  // side-by-side
+  EXPECT_EQ(base_of_output("frames_dir", "clip_frames"), "clip");
+  EXPECT_EQ(base_of_output("labels_png", "_seg.png"), "");
+  EXPECT_EQ(base_of_output("labels_png", "a.png"), "");
+  EXPECT_TRUE(looks_like_output_name("a_seg.png"));
+  EXPECT_TRUE(looks_like_output_name("a_overlay.png"));
+  EXPECT_TRUE(looks_like_output_name("a_seg.png.tmp4711.png"));
+  EXPECT_FALSE(looks_like_output_name("a.png"));
+  EXPECT_FALSE(looks_like_output_name("a.tmpx.png"));
+}
+
+// ---- inputs: lists, special files, unreadable folders, the output folder ---------------------
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "cli_tests_XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path, fs::perms::all, ec);
+    for (auto it = fs::recursive_directory_iterator(path, ec); it != fs::end(it);
+         it.increment(ec)) {
+      fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
+    }
+    fs::remove_all(path, ec);
+  }
+};
+
+void touch(const fs::path& p, const std::string& text = "x") {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+InputRules rules_for(const std::string& out_dir = "", bool recursive = false) {
+  InputRules r;
+  r.exts = parse_extensions("jpg,png");
+  r.recursive = recursive;
+  r.out_dir = out_dir;
+  return r;
+}
+
+std::vector<std::string> names_of(const ExpandedInputs& in) {
+  std::vector<std::string> out;
+  for (const auto& i : in.items) out.push_back(fs::path(i.path).filename().string());
+  return out;
+}
+
+}  // namespace
+
+TEST(UnitCliInputs, ListsWithAByteOrderMarkAndCrlf) {
+  TempDir d;
+  touch(d.path / "one.jpg");
+  touch(d.path / "two.jpg");
+  const fs::path list = d.path / "list.txt";
+  touch(list, "\xEF\xBB\xBF" + (d.path / "one.jpg").string() + "\r\n# comment\r\n" +
+                  (d.path / "two.jpg").string() + "\r\n\r\n");
+  const ExpandedInputs in = expand_inputs({"@" + list.string()}, rules_for());
+  EXPECT_EQ(names_of(in), (std::vector<std::string>{"one.jpg", "two.jpg"}));
+  EXPECT_TRUE(in.problems.empty()) << in.problems[0].message;
+}
+
+TEST(UnitCliInputs, SpecialFilesAreRefusedAtOnceAndNamedForWhatTheyAre) {
+  TempDir d;
+  const fs::path fifo = d.path / "pipe.jpg";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  touch(d.path / "real.jpg");
+  // Opening the FIFO would block this test forever: it must be refused from its type alone.
+  const ExpandedInputs in = expand_inputs({fifo.string(), "/dev/null", d.path.string(),
+                                           (d.path / "nope.jpg").string(), "@" + fifo.string()},
+                                          rules_for());
+  EXPECT_EQ(names_of(in), (std::vector<std::string>{"real.jpg"}));
+  ASSERT_EQ(in.problems.size(), 5u);
+  std::map<std::string, InputProblem> by_path;
+  for (const auto& p : in.problems) by_path.emplace(p.path, p);
+  EXPECT_EQ(by_path.count(fifo.string()), 1u);
+  EXPECT_EQ(in.problems[0].code, ErrorCode::kInvalidInput);
+  EXPECT_NE(in.problems[0].message.find("FIFO"), std::string::npos) << in.problems[0].message;
+  EXPECT_EQ(in.problems[1].code, ErrorCode::kInvalidInput);
+  EXPECT_NE(in.problems[1].message.find("character device"), std::string::npos);
+  EXPECT_EQ(in.problems[1].message.find("not found"), std::string::npos);
+  // The FIFO met in the folder walk (it has an image extension).
+  EXPECT_NE(in.problems[2].message.find("FIFO"), std::string::npos) << in.problems[2].message;
+  EXPECT_EQ(in.problems[3].code, ErrorCode::kNotFound);
+  EXPECT_NE(in.problems[3].message.find("input not found"), std::string::npos);
+  EXPECT_NE(in.problems[4].message.find("list file"), std::string::npos);
+  EXPECT_NE(in.problems[4].message.find("FIFO"), std::string::npos);
+  EXPECT_EQ(special_file_kind(d.path.string()), "a folder");
+  EXPECT_EQ(special_file_kind(fifo.string()), "a FIFO (named pipe)");
+  EXPECT_EQ(special_file_kind((d.path / "real.jpg").string()), "");
+  EXPECT_EQ(special_file_kind((d.path / "nope").string()), "");
+}
+
+TEST(UnitCliInputs, AnUnreadableFolderIsOneProblemAndTheWalkGoesOn) {
+  TempDir d;
+  fs::create_directories(d.path / "in" / "a");
+  fs::create_directories(d.path / "in" / "locked");
+  fs::create_directories(d.path / "in" / "z");
+  touch(d.path / "in" / "a" / "1.jpg");
+  touch(d.path / "in" / "locked" / "2.jpg");
+  touch(d.path / "in" / "z" / "3.jpg");
+  fs::permissions(d.path / "in" / "locked", fs::perms::none);
+  fs::permissions(d.path, fs::perms::all);
+  fs::permissions(d.path / "in", fs::perms::all);
+  fs::permissions(d.path / "in" / "a", fs::perms::all);
+  fs::permissions(d.path / "in" / "z", fs::perms::all);
+  // Root reads any folder: the walk runs in a child that has given up root.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    const ExpandedInputs in = expand_inputs({(d.path / "in").string()}, rules_for("", true));
+    const bool ok = names_of(in) == std::vector<std::string>{"1.jpg", "3.jpg"} &&
+                    in.problems.size() == 1 && in.problems[0].code == ErrorCode::kIo &&
+                    in.problems[0].path == (d.path / "in" / "locked").string() &&
+                    in.problems[0].message.find("Permission denied") != std::string::npos;
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the walk did not report exactly the locked folder";
+}
+
+TEST(UnitCliInputs, TheOutputFolderIsNotTakenAsInputs) {
+  TempDir d;
+  const fs::path in = d.path / "photos";
+  fs::create_directories(in / "out" / "deeper");
+  fs::create_directories(in / "sub");
+  touch(in / "a.jpg");
+  touch(in / "sub" / "b.png");
+  touch(in / "out" / "a_seg.png");
+  touch(in / "out" / "deeper" / "c.jpg");
+  // -o inside the searched tree: not entered at all.
+  ExpandedInputs x = expand_inputs({in.string()}, rules_for((in / "out").string(), true));
+  EXPECT_EQ(names_of(x), (std::vector<std::string>{"a.jpg", "b.png"}));
+  ASSERT_EQ(x.notes.size(), 1u);
+  EXPECT_NE(x.notes[0].find("output folder"), std::string::npos);
+  // -o is the searched folder: its own outputs (by name, or listed by the previous summary)
+  // and a killed run's temporary files are passed over, the photos are not.
+  touch(in / "a_seg.png");
+  touch(in / "a_overlay.png");
+  touch(in / "a_jpg.jpg");  // a side-by-side picture the previous summary lists
+  touch(in / "b_seg.png.tmp77.png");
+  fs::create_directories(in / "clip_frames");
+  touch(in / "clip_frames" / "frame_000000_seg.png");
+  InputRules r = rules_for(in.string(), true);
+  r.previous_outputs = {"a_jpg.jpg"};
+  x = expand_inputs({in.string()}, r);
+  EXPECT_EQ(names_of(x), (std::vector<std::string>{"a.jpg", "a_seg.png", "c.jpg", "b.png"}));
+  EXPECT_EQ(x.excluded, 4u);
+  // A file named twice (another spelling, or by a folder and by name) is one input.
+  x = expand_inputs({(in / "a.jpg").string(), (in / "sub" / ".." / "a.jpg").string()}, rules_for());
+  EXPECT_EQ(names_of(x), (std::vector<std::string>{"a.jpg"}));
 }

@@ -1,0 +1,206 @@
+#include "naming.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <unordered_set>
+#include <utility>
+
+namespace sapiens_seg::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string side_by_side_ext(const std::string& input_name, const CanWriteExt& can_write) {
+  const std::string ext = fs::path(input_name).extension().string();
+  return ext.empty() || !can_write(ext) ? ".png" : ext;
+}
+
+std::string base_at(const NameRequest& r, int level) {
+  const fs::path name = fs::path(r.path).filename();
+  const std::string stem = name.stem().string();
+  if (level == 0) return stem;
+  const std::string ext = name.extension().string();
+  const std::string with_ext = ext.size() > 1 ? stem + "_" + ext.substr(1) : stem;
+  if (level == 1 && with_ext != stem) return with_ext;
+  char hash[16];
+  std::snprintf(hash, sizeof hash, "_%08x", static_cast<unsigned>(fnv1a64(r.identity) >> 32));
+  const std::string hashed = with_ext + hash;
+  return level <= 2 ? hashed : hashed + "_" + std::to_string(level - 1);
+}
+
+}  // namespace
+
+std::uint64_t fnv1a64(const std::string& s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::vector<std::string> claimed_names(const std::string& base, const std::string& input_name,
+                                       bool video, OverlayStyle style,
+                                       const CanWriteExt& can_write) {
+  if (video) return {base + "_overlay.mp4", base + "_overlay.partial.mp4", base + "_frames"};
+  return {base + "_seg.png",
+          style == OverlayStyle::kSideBySide ? base + side_by_side_ext(input_name, can_write)
+                                             : base + "_overlay.png",
+          base + ".npy", base + "_seg.npy", base + "_logits.npy"};
+}
+
+OutputNames output_names(const std::string& dir, const std::string& base,
+                         const std::string& input_name, bool video, OverlayStyle style,
+                         const CanWriteExt& can_write) {
+  const std::string b = (fs::path(dir) / base).string();
+  OutputNames n;
+  n.base = base;
+  if (video) {
+    n.overlay_video = b + "_overlay.mp4";
+    n.overlay_video_partial = b + "_overlay.partial.mp4";
+    n.frames_dir = b + "_frames";
+    return n;
+  }
+  n.labels_png = b + "_seg.png";
+  n.overlay = style == OverlayStyle::kSideBySide ? b + side_by_side_ext(input_name, can_write)
+                                                 : b + "_overlay.png";
+  n.mask_npy = b + ".npy";
+  n.labels_npy = b + "_seg.npy";
+  n.logits_npy = b + "_logits.npy";
+  return n;
+}
+
+std::vector<std::string> assign_bases(const std::vector<NameRequest>& requests,
+                                      const std::set<std::string>& taken, OverlayStyle style,
+                                      const CanWriteExt& can_write) {
+  const std::size_t n = requests.size();
+  constexpr int kPinned = -1;
+  std::vector<int> level(n, 0);
+  std::vector<std::string> base(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!requests[i].pinned_base.empty()) {
+      level[i] = kPinned;
+      base[i] = requests[i].pinned_base;
+    } else {
+      base[i] = base_at(requests[i], 0);
+    }
+  }
+  auto names_of = [&](std::size_t i, const std::string& b) {
+    return claimed_names(b, fs::path(requests[i].path).filename().string(), requests[i].video,
+                         style, can_write);
+  };
+  // Claims are compared by 64-bit hashes of the names (a run may have millions of inputs): a
+  // hash collision can only rename an input further, never let two outputs share a file.
+  constexpr std::size_t kTaken = static_cast<std::size_t>(-1);
+  std::vector<std::uint64_t> taken_hashes;
+  for (const auto& t : taken) taken_hashes.push_back(fnv1a64(t));
+  auto colliding = [&] {
+    std::vector<std::pair<std::uint64_t, std::size_t>> claims;
+    claims.reserve(n * 5 + taken_hashes.size());
+    for (const auto h : taken_hashes) claims.emplace_back(h, kTaken);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto own = names_of(i, base[i]);
+      for (const auto& name : own) claims.emplace_back(fnv1a64(name), i);
+      // A kept base still holds its stem's names against newcomers: a.bmp added beside a.jpg and
+      // a.png (kept as a_jpg, a_png) is a_bmp, as a fresh run of all three would name it.
+      if (level[i] == kPinned) {
+        for (const auto& name : names_of(i, base_at(requests[i], 0))) {
+          if (std::find(own.begin(), own.end(), name) == own.end()) {
+            claims.emplace_back(fnv1a64(name), kTaken);
+          }
+        }
+      }
+    }
+    std::sort(claims.begin(), claims.end());
+    std::vector<bool> bad(n, false);
+    for (std::size_t a = 0; a < claims.size();) {
+      std::size_t b = a + 1;
+      while (b < claims.size() && claims[b].first == claims[a].first) ++b;
+      if (b - a > 1) {
+        for (std::size_t k = a; k < b; ++k) {
+          if (claims[k].second != kTaken) bad[claims[k].second] = true;
+        }
+      }
+      a = b;
+    }
+    return bad;
+  };
+  // Every input in a collision moves one level on, until none collides or all that do are at
+  // level 2. A pinned base that collides is given up (level 0).
+  for (;;) {
+    const std::vector<bool> bad = colliding();
+    bool changed = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!bad[i] || level[i] >= 2) continue;
+      level[i] = level[i] == kPinned ? 0 : level[i] + 1;
+      const std::string next = base_at(requests[i], level[i]);
+      changed = changed || next != base[i] || level[i] == 0;
+      base[i] = next;
+    }
+    if (!changed) break;
+  }
+  // Left: equal hashes of different paths (or a hostile folder). Settled one at a time, in path
+  // order, with the first free counter.
+  const std::vector<bool> bad = colliding();
+  if (std::find(bad.begin(), bad.end(), true) == bad.end()) return base;
+  std::unordered_multiset<std::uint64_t> claimed(taken_hashes.begin(), taken_hashes.end());
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const auto& name : names_of(i, base[i])) claimed.insert(fnv1a64(name));
+  }
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return requests[a].identity < requests[b].identity;
+  });
+  for (const std::size_t i : order) {
+    if (!bad[i]) continue;
+    for (const auto& name : names_of(i, base[i])) claimed.erase(claimed.find(fnv1a64(name)));
+    for (int l = level[i];; ++l) {
+      const std::string candidate = base_at(requests[i], std::max(l, 2));
+      const auto names = names_of(i, candidate);
+      if (std::none_of(names.begin(), names.end(),
+                       [&](const std::string& s) { return claimed.count(fnv1a64(s)) > 0; })) {
+        base[i] = candidate;
+        for (const auto& name : names) claimed.insert(fnv1a64(name));
+        break;
+      }
+    }
+  }
+  return base;
+}
+
+std::string base_of_output(const std::string& kind, const std::string& file_name) {
+  static const std::pair<const char*, const char*> suffixes[] = {
+      {"labels_png", "_seg.png"}, {"labels_npy", "_seg.npy"},        {"logits_npy", "_logits.npy"},
+      {"mask_npy", ".npy"},       {"overlay_video", "_overlay.mp4"}, {"frames_dir", "_frames"},
+      {"overlay", "_overlay.png"}};
+  for (const auto& [k, suffix] : suffixes) {
+    const std::string sfx(suffix);
+    if (kind == k && ends_with(file_name, sfx) && file_name.size() > sfx.size()) {
+      return file_name.substr(0, file_name.size() - sfx.size());
+    }
+  }
+  // The side-by-side picture: <base> + the input's extension.
+  if (kind == "overlay") return fs::path(file_name).stem().string();
+  return "";
+}
+
+bool looks_like_output_name(const std::string& name) {
+  for (const char* suffix : {"_seg.png", "_overlay.png", "_overlay.mp4", "_overlay.partial.mp4"}) {
+    if (ends_with(name, suffix)) return true;
+  }
+  // Temporary files: <output>.tmp<pid><ext>, left only by a process that was killed (SIGKILL).
+  const std::size_t at = name.rfind(".tmp");
+  return at != std::string::npos && at + 4 < name.size() &&
+         std::isdigit(static_cast<unsigned char>(name[at + 4]));
+}
+
+}  // namespace sapiens_seg::cli

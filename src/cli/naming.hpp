@@ -1,0 +1,82 @@
+// The names of a run's output files, all decided before anything is written (one registry).
+//
+// Every input has a base name; its files are <base>_seg.png, <base>_overlay.png (or, with
+// --overlay side-by-side, <base> + the input's extension, as the authors' demo names it),
+// <base>.npy, <base>_seg.npy and <base>_logits.npy for an image, and <base>_overlay.mp4 (written
+// as <base>_overlay.partial.mp4 first) and the folder <base>_frames for a video. An input claims
+// all of these names whatever --save selects, so that changing --save never renames anything.
+//
+// The base is the input's stem. Where two inputs would claim the same file, or a claim is a file
+// no output may replace (an input of the run inside the output folder, summary.json, a file the
+// previous summary.json records for another input), every input involved is renamed one level
+// further, and this repeats until nothing collides:
+//   level 0  photo
+//   level 1  photo_jpg                   (the extension as written, when the file has one)
+//   level 2  photo_jpg_1a2b3c4d          (8 hex digits of the FNV-1a hash of the input's
+//                                         absolute path)
+//   then     photo_jpg_1a2b3c4d_2, _3... (only if 32-bit hashes collide: by path order)
+// So a name depends on the input's own path and on which other inputs share its stem, never on
+// the order in which inputs arrive or finish. A run with --skip-existing keeps the base that the
+// previous summary.json records for each input it lists, so names found once are found again;
+// such an input also keeps its stem's level-0 names from newcomers (a.bmp added beside a.jpg
+// and a.png, kept as a_jpg and a_png, is a_bmp, as a fresh run of the three would name it).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace sapiens_seg::cli {
+
+enum class OverlayStyle {
+  kBlend,       // palette blended over the photo, same size
+  kSideBySide,  // input | blend, as the authors' demo saves it, under the input's file name
+};
+
+// Whether an image with this extension (".jpg") can be encoded; the side-by-side picture falls
+// back to .png when not.
+using CanWriteExt = std::function<bool(const std::string& ext)>;
+
+struct OutputNames {
+  std::string base;
+  std::string labels_png, overlay, mask_npy, labels_npy, logits_npy;  // images
+  std::string overlay_video, overlay_video_partial, frames_dir;       // videos
+};
+
+// The full paths of the outputs of an input named `input_name` (its file name) under `base`.
+OutputNames output_names(const std::string& dir, const std::string& base,
+                         const std::string& input_name, bool video, OverlayStyle style,
+                         const CanWriteExt& can_write);
+
+// The file names (inside the output folder) an input claims under `base`.
+std::vector<std::string> claimed_names(const std::string& base, const std::string& input_name,
+                                       bool video, OverlayStyle style,
+                                       const CanWriteExt& can_write);
+
+struct NameRequest {
+  std::string path;      // as given
+  std::string identity;  // absolute and normal: the hash of level 2 is taken of it
+  bool video = false;
+  std::string pinned_base;  // the base the previous summary.json records ("" when none)
+};
+
+// One base per request, by the rule above. `taken`: file names in the output folder that no
+// output may have. A pinned base is kept unless it collides (with `taken` or another pinned
+// base); then that input is named by the rule like the others.
+std::vector<std::string> assign_bases(const std::vector<NameRequest>& requests,
+                                      const std::set<std::string>& taken, OverlayStyle style,
+                                      const CanWriteExt& can_write);
+
+// The base of an output file name of a previous run (kind as in the summary's "outputs":
+// "labels_png", "labels_npy", ...), "" when the name does not have that kind's form.
+std::string base_of_output(const std::string& kind, const std::string& file_name);
+
+// True for the file names this tool writes into an output folder (outputs and temporary
+// files): what a folder walk over the output folder does not take as inputs.
+bool looks_like_output_name(const std::string& file_name);
+
+std::uint64_t fnv1a64(const std::string& s) noexcept;
+
+}  // namespace sapiens_seg::cli
