@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -62,11 +63,25 @@ inline bool parse_args(int argc, char** argv, const char* usage, Args& args) {
   return true;
 }
 
-// What every result file records about the machine it ran on: date, CPU model and flags, cores,
-// LibTorch's threads, the load average.
+// The CPU's identity as /proc/cpuinfo prints what CPUID says: one model name ("AMD EPYC" in a VM)
+// spans generations whose vector units differ.
+inline nlohmann::json cpu_id_json() {
+  auto num = [](const char* key) {
+    const std::string v = read_first("/proc/cpuinfo", key);
+    return v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) ? -1 : std::stoi(v);
+  };
+  return {{"vendor", read_first("/proc/cpuinfo", "vendor_id")},
+          {"family", num("cpu family")},
+          {"model", num("model\t")},
+          {"stepping", num("stepping")}};
+}
+
+// What every result file records about the machine it ran on: date, CPU model, identity and
+// flags, cores, LibTorch's threads, the load average.
 inline nlohmann::json machine_json() {
   return {{"date", today()},
           {"cpu", read_first("/proc/cpuinfo", "model name")},
+          {"cpu_id", cpu_id_json()},
           {"cpu_flags", read_first("/proc/cpuinfo", "flags")},
           {"cores", read_first("/proc/cpuinfo", "cpu cores")},
           {"threads", at::get_num_threads()},

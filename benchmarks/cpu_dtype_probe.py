@@ -31,20 +31,21 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def cpu_info() -> dict:
-    model, flags = "unknown", []
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags") and not flags:
-                    flags = line.split(":", 1)[1].split()
-    except OSError:
-        pass
+    """The CPU as result files record it: model name, the ISA flags that decide the dtypes,
+    cores, load, and its identity (vendor, family, model, stepping, microarchitecture) from the
+    benchmarks' shared machine_facts.py."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from machine_facts import machine_facts  # noqa: PLC0415
+
+    facts = machine_facts()
+    flags = set(facts["cpu"]["isa_flags"])
     keep = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
             "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "avx_ne_convert", "avx_vnni")
-    return {"cpu": model, "isa_flags": [f for f in keep if f in flags],
-            "cores": os.cpu_count(), "loadavg": open("/proc/loadavg").read().split()[:3]}
+    ident = {k: facts["cpu"][k] for k in ("vendor", "family", "model", "stepping",
+                                           "microarchitecture")}
+    return {"cpu": facts["cpu"]["name"], "isa_flags": [f for f in keep if f in flags],
+            "cores": facts["cores"], "loadavg": [f"{v:.2f}" for v in facts["load_average"]],
+            "cpu_id": ident}
 
 
 def busy_cpus(seconds: float = 1.0) -> float:

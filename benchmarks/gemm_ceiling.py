@@ -22,6 +22,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine_facts import machine_facts  # noqa: E402
+
 
 def network_gflop(state: dict[str, torch.Tensor]) -> dict[str, float]:
     pos = state["backbone.pos_embed"]
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     isa = [f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c")]
     out = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cpu_isa_flags": isa,
            "cores": os.cpu_count(), "load_average": os.getloadavg(),
+           "cpu_id": {k: v for k, v in machine_facts()["cpu"].items() if k != "isa_flags"},
            "model": args.model.rsplit("/", 1)[-1], "threads": torch.get_num_threads(),
            "torch": torch.__version__, "gflop": flops, "gflop_total": total, "gemm_gflops": {},
            "bound_ms": {}}

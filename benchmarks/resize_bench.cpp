@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
     const nlohmann::json out = {
         {"date", bench::today()},
         {"cpu", bench::read_first("/proc/cpuinfo", "model name")},
+        {"cpu_id", bench::cpu_id_json()},
         {"cpu_flags", bench::read_first("/proc/cpuinfo", "flags")},
         {"threads", at::get_num_threads()},
         // which host loops and which of the wheel's cubic paths ran

@@ -45,7 +45,7 @@ def main() -> None:
     import torch
 
     import sapiens_seg
-    from soak import cpu_flags, cpu_model
+    from soak import cpu_flags, cpu_identity, cpu_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1)
@@ -77,6 +77,7 @@ def main() -> None:
                      "ratio": round(mo / mt, 3), "bytes_equal": same})
     if a.json:
         out = {"date": dt.date.today().isoformat(), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+               "cpu_id": cpu_identity(),
                "cores": os.cpu_count(), "threads": a.threads, "reps": a.reps,
                "wheel_cubic_path": sapiens_seg.system_info().wheel_cubic_path,
                "opencv_python": cv2.__version__, "torch": torch.__version__,

@@ -61,6 +61,15 @@ def cpu_flags() -> list[str]:
     return []
 
 
+def cpu_identity() -> dict:
+    """Vendor, family, model, stepping and microarchitecture (machine_facts.py, shared by the
+    benchmarks): one model name spans CPU generations."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine_facts import machine_facts
+
+    return {k: v for k, v in machine_facts()["cpu"].items() if k != "isa_flags"}
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -254,6 +263,7 @@ def main() -> None:
     args = p.parse_args()
     result = soak_cli(args) if args.what == "cli" else soak_threads(args)
     result.update(date=dt.date.today().isoformat(), cpu=cpu_model(), cpu_flags=cpu_flags(),
+                  cpu_id=cpu_identity(),
                   cores=os.cpu_count(),
                   **versions())
     out = Path(args.out)
