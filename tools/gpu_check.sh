@@ -54,8 +54,14 @@ if [ "$mode" = prepare ]; then
   cp -r /usr/include/nlohmann "$carry/json/include/"
   cp -r /usr/share/cmake/nlohmann_json "$carry/json/share/cmake/"
   # zlib's headers (the archive reader's CRC-32 and inflation), for a machine with only libz.so.1.
+  # The compiler's own zconf.h: other packages ship different ones (Node's, under
+  # /usr/include/node, breaks zlib.h's prototypes).
   mkdir -p "$carry/zlib/include"
-  cp /usr/include/zlib.h "$(find /usr/include -name zconf.h | head -1)" "$carry/zlib/include/"
+  zconf=""
+  for f in /usr/include/zconf.h "/usr/include/$(gcc -dumpmachine)/zconf.h"; do
+    [ -f "$f" ] && { zconf=$f; break; }
+  done
+  cp /usr/include/zlib.h "$zconf" "$carry/zlib/include/"
   cp -r /usr/src/googletest "$carry/googletest-src"
   # The GPU machine has no nvidia-cudnn-frontend: its headers come from this machine's package.
   fe=$("$PY" -c "import importlib.metadata as m, os; f=[p for p in m.files('nvidia-cudnn-frontend') if str(p).endswith('include/cudnn_frontend.h')]; print(os.path.dirname(f[0].locate()))")
@@ -92,6 +98,7 @@ steps_tsv=$logs/steps.tsv
 # for the summary). In rehearsal the limit is only reported.
 limit_for() {
   local want=$1 left
+  [ "$mode" = rehearse ] && { echo "$want"; return; }
   left=$((budget - ($(date +%s) - t_start) - 5))
   [ "$left" -lt 1 ] && left=1
   [ "$want" -lt "$left" ] && echo "$want" || echo "$left"
@@ -290,9 +297,10 @@ configure() {
       cmake --build "$build/_gtest-build" --target install -j "$jobs" || return 1
   fi
   # LibTorch (and with it cuDNN's headers and libraries) from $PY's torch, named explicitly: left
-  # to itself, CMake would take the checkout's .venv where there is one.
+  # to itself, CMake would take the checkout's .venv where there is one. No ISA-L: the GPU
+  # machine has none, and a rehearsal must build what it builds.
   cmake --preset core-gpu -B "$build" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-    -DSAPIENS_SEG_PYTHON="$PY" -DTorch_DIR="$torch_dir" \
+    -DSAPIENS_SEG_PYTHON="$PY" -DTorch_DIR="$torch_dir" -DSAPIENS_SEG_ISAL=OFF \
     -DCMAKE_PREFIX_PATH="$carry/json;$carry/zlib;$gtest_prefix" \
     -DSAPIENS_SEG_CUDNN_FRONTEND_INCLUDE="$carry/cudnn_frontend/include"
 }
@@ -334,12 +342,13 @@ fixtures_pid=$!
 timed "$lim" cmake --build "$build" --target "${targets[@]}" -j "$jobs" >"$logs/build.log" 2>&1
 rc=$?
 record build "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" \
-  "$(grep -c '^\[' "$logs/build.log") build lines; $(grep -m1 -E 'error|FAILED' "$logs/build.log" | cut -c1-90)"
+  "$(grep -c '^\[' "$logs/build.log") build steps$(grep -m1 -E 'error|FAILED' "$logs/build.log" | cut -c1-90 | sed 's/^/; /')"
 wait "$fixtures_pid"
 fx_note=$(awk -F'\t' '{printf "%s%s %s %ss", (NR>1?"; ":""), $1, $2, $3}' "$logs/fixtures.tsv")
 fx_status=passed
 grep -qv $'\tpassed\t' "$logs/fixtures.tsv" && fx_status=failed
-record fixtures "$fx_status" $(($(date +%s) - step_t0)) "$lim" "$fx_note"
+# The fixtures ran one after another beside the build: their own time is the sum.
+record fixtures "$fx_status" "$(awk -F'\t' '{s += $3} END {print s + 0}' "$logs/fixtures.tsv")" "$lim" "$fx_note"
 [ $rc = 0 ] || { tail -40 "$logs/build.log" >&2; exit 1; }
 
 # ---- 4. the GPU tests ---------------------------------------------------------------------------
@@ -350,7 +359,7 @@ export SAPIENS_SEG_FIXTURES=$fixtures
 timed "$lim" "$build/bin/kernels_gpu_tests" --gtest_filter="${GPU_CHECK_TESTS:-*}" \
   --gtest_output="json:$logs/kernels_gpu_tests.json" >"$logs/kernels_gpu_tests.log" 2>&1
 rc=$?
-note=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/kernels_gpu_tests.log" | grep -v '\] [A-Z][a-zA-Z]*\.' | paste -sd ' ' -)
+note=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?' "$logs/kernels_gpu_tests.log" | sed 's/, listed below://; s/^\[ *//; s/ *\] / /' | paste -sd ',' -)
 record gpu_tests "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" "$note"
 status=$rc
 
