@@ -42,7 +42,11 @@ done
 log() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 if [ -z "${GPU_CHECK_PY:-}" ]; then
-  if [ -x .venv/bin/python ]; then GPU_CHECK_PY=$root/.venv/bin/python; else GPU_CHECK_PY=$(command -v python3); fi
+  if [ -x .venv/bin/python ]; then
+    GPU_CHECK_PY=$root/.venv/bin/python
+  else
+    GPU_CHECK_PY=$(command -v python3)
+  fi
 fi
 PY=$GPU_CHECK_PY
 
@@ -64,13 +68,19 @@ if [ "$mode" = prepare ]; then
   cp /usr/include/zlib.h "$zconf" "$carry/zlib/include/"
   cp -r /usr/src/googletest "$carry/googletest-src"
   # The GPU machine has no nvidia-cudnn-frontend: its headers come from this machine's package.
-  fe=$("$PY" -c "import importlib.metadata as m, os; f=[p for p in m.files('nvidia-cudnn-frontend') if str(p).endswith('include/cudnn_frontend.h')]; print(os.path.dirname(f[0].locate()))")
+  fe=$("$PY" -c "import importlib.metadata as m, os
+f = [p for p in m.files('nvidia-cudnn-frontend') if str(p).endswith('include/cudnn_frontend.h')]
+print(os.path.dirname(f[0].locate()))")
   cp -r "$fe" "$carry/cudnn_frontend/include"
   "$PY" -c "import importlib.metadata as m; print(m.version('nvidia-cudnn-frontend'))" \
     >"$carry/cudnn_frontend/VERSION"
   kib=$(du -sk "$carry" | cut -f1)
-  [ "$kib" -lt $((60 * 1024)) ] || { echo "gpu_check.sh: the carry folder is $kib KiB, over the 64 MiB a trip allows" >&2; exit 1; }
-  log "carry folder ready: $((kib / 1024)) MiB in third_party/_carry (cudnn-frontend $(cat "$carry/cudnn_frontend/VERSION"))"
+  if [ "$kib" -ge $((60 * 1024)) ]; then
+    echo "gpu_check.sh: the carry folder is $kib KiB, over the 64 MiB a trip allows" >&2
+    exit 1
+  fi
+  log "carry folder ready: $((kib / 1024)) MiB in third_party/_carry" \
+    "(cudnn-frontend $(cat "$carry/cudnn_frontend/VERSION"))"
   exit 0
 fi
 
@@ -144,7 +154,8 @@ refresh_out() {
     [ -f "$logs/$f" ] && cp "$logs/$f" "$OUT/$f"
   done
   write_summary >"$OUT/summary.md" 2>>"$logs/summary.err" || true
-  tar -czf "$OUT/rest.tar.gz.tmp" -C "$build" logs 2>/dev/null && mv "$OUT/rest.tar.gz.tmp" "$OUT/rest.tar.gz"
+  tar -czf "$OUT/rest.tar.gz.tmp" -C "$build" logs 2>/dev/null &&
+    mv "$OUT/rest.tar.gz.tmp" "$OUT/rest.tar.gz"
 }
 
 write_summary() {
@@ -227,7 +238,8 @@ except Exception as e:  # nothing else can run
     sys.exit(1)
 site = os.path.dirname(os.path.dirname(torch.__file__))
 say("python", sys.version.split()[0] + " " + sys.executable)
-say("torch", f"{torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})")
+say("torch", f"{torch.__version__} (CUDA {torch.version.cuda}, "
+    f"cuDNN {torch.backends.cudnn.version()})")
 say("torch headers", "ok" if os.path.exists(os.path.join(os.path.dirname(torch.__file__),
     "include", "ATen", "ATen.h")) else "MISSING")
 cudnn_h = glob.glob(os.path.join(site, "nvidia", "cudnn", "include", "cudnn_version.h"))
@@ -235,7 +247,8 @@ if cudnn_h:
     v = {}
     for line in open(cudnn_h[0]):
         p = line.split()
-        if len(p) == 3 and p[0] == "#define" and p[1] in ("CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"):
+        if len(p) == 3 and p[0] == "#define" and p[1] in ("CUDNN_MAJOR", "CUDNN_MINOR",
+                                                           "CUDNN_PATCHLEVEL"):
             v[p[1]] = p[2]
     say("cudnn.h", f"{v.get('CUDNN_MAJOR')}.{v.get('CUDNN_MINOR')}.{v.get('CUDNN_PATCHLEVEL')} "
         "(nvidia-cudnn wheel)")
@@ -249,7 +262,8 @@ say("cudnn_frontend.h", ("carried, " + open(fe_v).read().strip()) if os.path.exi
 if not os.path.exists(fe):
     problems.append("cudnn_frontend.h")
 for name, rel in (("nlohmann/json", "json/include/nlohmann/json.hpp"),
-                  ("googletest", "googletest-src/CMakeLists.txt"), ("zlib.h", "zlib/include/zlib.h")):
+                  ("googletest", "googletest-src/CMakeLists.txt"),
+                  ("zlib.h", "zlib/include/zlib.h")):
     ok = os.path.exists(os.path.join(carry, rel))
     say(name, "carried" if ok else "MISSING")
     if not ok:
@@ -280,9 +294,12 @@ if problems:
 EOF
 rc=$?
 cat "$logs/preflight.txt" >&2
-record preflight "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" "$(grep -m1 '^gpu:' "$logs/preflight.txt" | cut -c6-)"
+record preflight "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" \
+  "$(grep -m1 '^gpu:' "$logs/preflight.txt" | cut -c6-)"
 [ $rc = 0 ] || { log "preflight failed: see $logs/preflight.err"; exit 1; }
-[ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null && export PATH=/usr/local/cuda/bin:$PATH
+if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
 
 # ---- 2. configure: GoogleTest from the carried sources, then the core-gpu preset ---------------
 step_t0=$(date +%s)
@@ -304,12 +321,14 @@ configure() {
     -DCMAKE_PREFIX_PATH="$carry/json;$carry/zlib;$gtest_prefix" \
     -DSAPIENS_SEG_CUDNN_FRONTEND_INCLUDE="$carry/cudnn_frontend/include"
 }
-torch_dir=$("$PY" -c "import os, torch.utils; print(os.path.join(torch.utils.cmake_prefix_path, 'Torch'))")
+torch_dir=$("$PY" -c \
+  "import os, torch.utils; print(os.path.join(torch.utils.cmake_prefix_path, 'Torch'))")
 export -f configure
 export gtest_prefix carry build jobs archs PY torch_dir
 timed "$lim" bash -c configure >"$logs/configure.log" 2>&1
 rc=$?
-note=$(grep -E "sapiens-seg: (kernels backend|CUDA|LibTorch)" "$logs/configure.log" | sed 's/.*sapiens-seg: //' | cut -c1-70 | paste -sd ';' -)
+note=$(grep -E "sapiens-seg: (kernels backend|CUDA|LibTorch)" "$logs/configure.log" |
+  sed 's/.*sapiens-seg: //' | cut -c1-70 | paste -sd ';' -)
 if [ $rc = 0 ] && ! grep -q "kernels backend on" "$logs/configure.log"; then
   rc=1
   note="the kernels backend was not configured; $note"
@@ -342,13 +361,15 @@ fixtures_pid=$!
 timed "$lim" cmake --build "$build" --target "${targets[@]}" -j "$jobs" >"$logs/build.log" 2>&1
 rc=$?
 record build "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" \
-  "$(grep -c '^\[' "$logs/build.log") build steps$(grep -m1 -E 'error|FAILED' "$logs/build.log" | cut -c1-90 | sed 's/^/; /')"
+  "$(grep -c '^\[' "$logs/build.log") build steps$(grep -m1 -E 'error:|FAILED:' "$logs/build.log" |
+    cut -c1-90 | sed 's/^/; /')"
 wait "$fixtures_pid"
 fx_note=$(awk -F'\t' '{printf "%s%s %s %ss", (NR>1?"; ":""), $1, $2, $3}' "$logs/fixtures.tsv")
 fx_status=passed
 grep -qv $'\tpassed\t' "$logs/fixtures.tsv" && fx_status=failed
 # The fixtures ran one after another beside the build: their own time is the sum.
-record fixtures "$fx_status" "$(awk -F'\t' '{s += $3} END {print s + 0}' "$logs/fixtures.tsv")" "$lim" "$fx_note"
+record fixtures "$fx_status" "$(awk -F'\t' '{s += $3} END {print s + 0}' "$logs/fixtures.tsv")" \
+  "$lim" "$fx_note"
 [ $rc = 0 ] || { tail -40 "$logs/build.log" >&2; exit 1; }
 
 # ---- 4. the GPU tests ---------------------------------------------------------------------------
@@ -359,7 +380,8 @@ export SAPIENS_SEG_FIXTURES=$fixtures
 timed "$lim" "$build/bin/kernels_gpu_tests" --gtest_filter="${GPU_CHECK_TESTS:-*}" \
   --gtest_output="json:$logs/kernels_gpu_tests.json" >"$logs/kernels_gpu_tests.log" 2>&1
 rc=$?
-note=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?' "$logs/kernels_gpu_tests.log" | sed 's/, listed below://; s/^\[ *//; s/ *\] / /' | paste -sd ',' -)
+note=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?' "$logs/kernels_gpu_tests.log" |
+  sed 's/, listed below://; s/^\[ *//; s/ *\] / /' | paste -sd ',' -)
 record gpu_tests "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" "$note"
 status=$rc
 
@@ -375,14 +397,19 @@ fi
 # The product goal's four columns: the authors' graph in fp32 and under autocast fp16 (as their
 # demo would), the portable and kernels modes in fp16. One load each, 3 warm-up calls, median of
 # 3 rounds x 5 calls, then the backbone/head split and the graph-capture counts per column.
-# shellcheck disable=SC2206
-speed_args=(${SPEED_ARGS:---sizes 1024x2048 --batch 1 --modes original,original-autocast,portable,kernels --dtype float16 --load-repeats 1 --warmup 3 --rounds 3 --calls 5 --split})
+default_speed="--sizes 1024x2048 --batch 1 --modes original,original-autocast,portable,kernels"
+default_speed+=" --dtype float16 --load-repeats 1 --warmup 3 --rounds 3 --calls 5 --split"
+# shellcheck disable=SC2206  # the arguments are words on purpose
+speed_args=(${SPEED_ARGS:-$default_speed})
 log "speed_check on $(basename "$model") (limit $lim s)"
 if [ -f "$model" ]; then
   timed "$lim" "$build/bin/speed_check" --device cuda --model "$model" "${speed_args[@]}" \
     --json "$logs/speed.json" --markdown "$logs/speed.md" >"$logs/speed.log" 2>&1
   rc=$?
-  note+=$(grep -E "unavailable|failed|graphs" "$logs/speed.log" | head -4 | cut -c1-100 | paste -sd ';' -)
+  note+=$(grep -E "^speed_check: .*(unavailable|failed|graphs)" "$logs/speed.log" |
+    sed 's/^speed_check: *//' |
+    cut -c1-100 | sort | uniq -c | sed 's/^ *1 //; s/^ *\([0-9]*\) /\1x /' | head -6 |
+    paste -sd ';' -)
 else
   rc=1
   note+="no fixture to time"

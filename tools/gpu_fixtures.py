@@ -113,8 +113,9 @@ def build_speed_fixture(name: str, out_dir: Path) -> Path:
     del model
     loaded = torch.jit.load(str(path), map_location="cpu")
     got, want = sorted(mf.module_entries(loaded)), sorted(mf.expected_entries(cfg))
+    extra, missing = sorted(set(got) - set(want))[:4], sorted(set(want) - set(got))[:4]
     mf.check(got == want, f"{path.name}: keys or shapes differ from the spec template: "
-             f"extra {sorted(set(got) - set(want))[:4]}, missing {sorted(set(want) - set(got))[:4]}")
+             f"extra {extra}, missing {missing}")
     return path
 
 
