@@ -9,6 +9,12 @@ reference outputs in make_fixtures' layout:
     <out>/<name>_torchscript.pt2
     <out>/ref/<name>/<stem>/{resized,input,logits,labels,top2_gap}.npy
 
+for full_0.3b (the speed step's model: the real 0.3B shapes and key names, 24 blocks, random
+weights) only the traced file, its keys and shapes checked against the spec template, without
+make_fixtures' runs of the model or any reference output (a few seconds instead of minutes):
+
+    <out>/full_0.3b_torchscript.pt2
+
 and, for s2_tiny, the Sapiens2 weights file of tools/sapiens2_fixtures.py (the same model, seed
 and file format; its GPU test computes the reference with the float32 portable network):
 
@@ -18,7 +24,8 @@ for synthetic images drawn with NumPy directly at the network input size, each w
 "original" size its labels are upsampled to. The references run the saved file in float32 on
 the CPU, as make_fixtures does.
 
-Usage: python tools/gpu_fixtures.py --out DIR [--only tiny_b wide_0.3b s2_tiny]
+Usage: python tools/gpu_fixtures.py --out DIR [--threads N]
+                                   [--only tiny_b wide_0.3b s2_tiny full_0.3b]
 """
 
 from __future__ import annotations
@@ -94,13 +101,34 @@ def write_references(cfg, model_path: Path, ref_dir: Path) -> None:
               f"near-ties {(gap < 1e-3).mean():.2%}", flush=True)
 
 
+def build_speed_fixture(name: str, out_dir: Path) -> Path:
+    """The traced file only: build, trace and save as make_fixtures does, then check the saved
+    keys and shapes against the spec template. No eager-vs-loaded or batch checks (each is a
+    full forward pass on the CPU) and no references: the speed step times the file, and the
+    parity tests use the smaller fixtures."""
+    cfg = mf.FIXTURES[name]
+    model = mf.build_model(cfg)
+    path = out_dir / cfg.file_name
+    mf.trace_and_save(model, cfg, path)
+    del model
+    loaded = torch.jit.load(str(path), map_location="cpu")
+    got, want = sorted(mf.module_entries(loaded)), sorted(mf.expected_entries(cfg))
+    extra, missing = sorted(set(got) - set(want))[:4], sorted(set(want) - set(got))[:4]
+    mf.check(got == want, f"{path.name}: keys or shapes differ from the spec template: "
+             f"extra {extra}, missing {missing}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--only", nargs="+", default=["tiny_b", "wide_0.3b", "s2_tiny"],
-                    choices=["tiny_b", "wide_0.3b", "s2_tiny"])
+                    choices=["tiny_b", "wide_0.3b", "s2_tiny", "full_0.3b"])
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (default: all cores; tools/gpu_check.sh gives half, the "
+                         "build runs beside it)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
         t0 = time.time()
@@ -112,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             s2f.save_st(s2f.state_dict_of(s2f.build_model(fx)), path)
             print(f"[{name}] written in {time.time() - t0:.1f}s ({path.stat().st_size} bytes)",
                   flush=True)
+            continue
+        if name == "full_0.3b":
+            path = build_speed_fixture(name, args.out)
+            print(f"[{name}] traced and key-checked in {time.time() - t0:.1f}s "
+                  f"({path.stat().st_size / 1e9:.2f} GB)", flush=True)
             continue
         cfg, model, path, info = mf.build_fixture(name, args.out)
         del model

@@ -131,20 +131,54 @@ SdpaKey packed_qkv_key(const at::Tensor& qkv_in, const at::Tensor& out, float sc
   TORCH_CHECK(S > 0 && B > 0, "attention: empty input ", qkv.sizes());
   TORCH_CHECK(qkv.device() == out.device(), "attention: qkv and out are on different devices");
   TORCH_CHECK(scale > 0.f, "attention: scale must be positive");
+  return packed_key(B, H, Hk, S, D, qkv.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16,
+                    scale, qkv.device().is_cuda() ? qkv.device().index() : -1);
+}
+
+SdpaKey packed_key(std::int64_t b, std::int64_t h, std::int64_t hk, std::int64_t s, std::int64_t d,
+                   DType dtype, float scale, int device) {
+  const std::int64_t slots = h + 2 * hk;
   SdpaKey k;
-  k.b = B;
-  k.h = H;
-  k.hk = Hk;
-  k.s = S;
-  k.d = D;
-  k.dtype = qkv.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
-  k.qkv_stride = {S * slots * D, D, slots * D, 1};
-  k.o_stride = {S * H * D, D, H * D, 1};
-  k.k_offset = H * D;
-  k.v_offset = (H + Hk) * D;
+  k.b = b;
+  k.h = h;
+  k.hk = hk;
+  k.s = s;
+  k.d = d;
+  k.dtype = dtype;
+  k.qkv_stride = {s * slots * d, d, slots * d, 1};
+  k.o_stride = {s * h * d, d, h * d, 1};
+  k.k_offset = h * d;
+  k.v_offset = (h + hk) * d;
   k.scale = scale;
-  k.device = qkv.device().is_cuda() ? qkv.device().index() : -1;
+  k.device = device;
   return k;
+}
+
+std::string cudnn_version_string(std::int64_t v) {
+  const std::int64_t major = v >= 90000 ? v / 10000 : v / 1000;
+  const std::int64_t minor = v >= 90000 ? v / 100 % 100 : v / 100 % 10;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
+}
+
+std::string sdpa_unsupported_reason(const SdpaSupport& s) {
+  const std::string runtime = "cuDNN " + cudnn_version_string(s.cudnn_runtime);
+  const auto major = [](std::int64_t v) { return v >= 90000 ? v / 10000 : v / 1000; };
+  if (major(s.cudnn_runtime) != major(s.cudnn_compiled)) {
+    return "the loaded " + runtime + " is not the major version this build was compiled " +
+           "against (cuDNN " + cudnn_version_string(s.cudnn_compiled) +
+           "): install the nvidia-cudnn package that the torch wheel requires";
+  }
+  if (s.sm_major < 8) {
+    return runtime + "'s fused attention needs compute capability 8.0 or newer, this GPU has " +
+           std::to_string(s.sm_major) + "." + std::to_string(s.sm_minor);
+  }
+  if (s.frontend_error.empty()) return "";
+  const SdpaKey& k = s.key;
+  return runtime + " cannot run this model's fused attention (batch " + std::to_string(k.b) + ", " +
+         std::to_string(k.h) + " query heads, " + std::to_string(k.hk) + " key/value heads, " +
+         std::to_string(k.s) + " tokens, head dim " + std::to_string(k.d) + ", " +
+         (k.dtype == DType::kF16 ? "float16" : "bfloat16") + ") on compute capability " +
+         std::to_string(s.sm_major) + "." + std::to_string(s.sm_minor) + ": " + s.frontend_error;
 }
 
 struct Attention::Plan {
@@ -171,18 +205,13 @@ std::size_t Attention::graphs_cached() const {
   return plans_.size();
 }
 
-void Attention::packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float scale) {
-  const SdpaKey key = packed_qkv_key(qkv, out, scale);
-  TORCH_CHECK(qkv.device() == device_, "attention: operands are on ", qkv.device(),
-              " but this Attention serves ", device_);
-  const c10::cuda::CUDAGuard guard(device_);
+std::shared_ptr<Attention::Plan> Attention::plan_for(const SdpaKey& key) {
   auto handle = static_cast<cudnnHandle_t>(handle_);
-  std::lock_guard<std::mutex> lock(mu_);
-
-  std::shared_ptr<Plan>& plan = plans_[key];
-  if (!plan) {
-    auto p = std::make_shared<Plan>();
-    auto g = std::make_shared<fe::graph::Graph>();
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+  auto p = std::make_shared<Plan>();
+  auto g = std::make_shared<fe::graph::Graph>();
+  std::string error;
+  try {
     g->set_io_data_type(key.dtype == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -202,20 +231,47 @@ void Attention::packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float s
     auto [o, stats] = g->sdpa(q, k, v, options);
     (void)stats;
     o->set_output(true).set_dim(dim).set_stride(vec(key.o_stride)).set_uid(kUidO);
-    try {
-      check_fe(g->validate(), "validate");
-      check_fe(g->build_operation_graph(handle), "build_operation_graph");
-      check_fe(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
-      check_fe(g->check_support(handle), "check_support");
-      check_fe(g->build_plans(handle), "build_plans");
-      check_fe(g->get_workspace_size(p->workspace), "get_workspace_size");
-    } catch (...) {
-      plans_.erase(key);  // do not keep an empty entry for a shape that failed to build
-      throw;
-    }
-    p->graph = std::move(g);
-    plan = std::move(p);
+    check_fe(g->validate(), "validate");
+    check_fe(g->build_operation_graph(handle), "build_operation_graph");
+    check_fe(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+    check_fe(g->check_support(handle), "check_support");
+    check_fe(g->build_plans(handle), "build_plans");
+    check_fe(g->get_workspace_size(p->workspace), "get_workspace_size");
+  } catch (const std::exception& e) {
+    error = e.what();
   }
+  if (!error.empty()) {  // nothing is cached for a shape that failed to build
+    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device_.index());
+    SdpaSupport s;
+    s.cudnn_runtime = static_cast<std::int64_t>(cudnnGetVersion());
+    s.cudnn_compiled = CUDNN_VERSION;
+    s.sm_major = prop->major;
+    s.sm_minor = prop->minor;
+    s.key = key;
+    s.frontend_error = error;
+    throw std::runtime_error(sdpa_unsupported_reason(s));
+  }
+  p->graph = std::move(g);
+  plans_.emplace(key, p);
+  return p;
+}
+
+void Attention::check_support(const SdpaKey& key) {
+  TORCH_CHECK(key.device == device_.index(), "attention: a key for device ", key.device,
+              " checked on ", device_);
+  const c10::cuda::CUDAGuard guard(device_);
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_for(key);
+}
+
+void Attention::packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float scale) {
+  const SdpaKey key = packed_qkv_key(qkv, out, scale);
+  TORCH_CHECK(qkv.device() == device_, "attention: operands are on ", qkv.device(),
+              " but this Attention serves ", device_);
+  const c10::cuda::CUDAGuard guard(device_);
+  auto handle = static_cast<cudnnHandle_t>(handle_);
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::shared_ptr<Plan> plan = plan_for(key);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device_.index());
   check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream");

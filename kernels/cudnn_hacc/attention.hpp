@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "kernels/common.hpp"
@@ -64,6 +65,29 @@ struct SdpaKeyHash {
   std::size_t operator()(const SdpaKey& k) const noexcept;
 };
 
+// The key of a packed [B, S, H + 2*Hk, D] qkv and its [B, S, H, D] output (the layout
+// packed_qkv_key describes), from the sizes alone. Host logic.
+SdpaKey packed_key(std::int64_t b, std::int64_t h, std::int64_t hk, std::int64_t s, std::int64_t d,
+                   DType dtype, float scale, int device);
+
+// What decides whether cuDNN runs a fused-attention configuration: the versions, the GPU, and
+// what cudnn-frontend's own checks (validate, support, plan build) said about the graph.
+struct SdpaSupport {
+  std::int64_t cudnn_runtime = 0;   // cudnnGetVersion() of the library loaded
+  std::int64_t cudnn_compiled = 0;  // CUDNN_VERSION of the headers built against
+  int sm_major = 0, sm_minor = 0;
+  SdpaKey key;
+  std::string frontend_error;  // empty: the frontend built a plan
+};
+
+// "" when the configuration can run, else why not, naming the cuDNN version, the shape and the
+// GPU: the message of the kernels mode's BackendUnavailable error at load. Host logic.
+std::string sdpa_unsupported_reason(const SdpaSupport& s);
+
+// "9.19.0" from cudnnGetVersion()'s 91900 (cuDNN 9: major*10000 + minor*100 + patch; cuDNN 8:
+// major*1000 + minor*100 + patch).
+std::string cudnn_version_string(std::int64_t v);
+
 // Checks a packed qkv [B, S, 3, H, D] or [B, S, H + 2*Hk, D] (H from out; Hk must divide H) and
 // an output [B, S, H, D] (contiguous, one dtype among float16/bfloat16, D a multiple of 8 up to
 // 256, same device) and returns the graph key. Host logic only: runs on CPU tensors too.
@@ -82,10 +106,18 @@ class Attention {
   // g = h / (H / Hk) its key/value head.
   void packed_qkv(const at::Tensor& qkv, const at::Tensor& out, float scale);
 
+  // Builds (and caches) the graph of `key` now, so that a configuration cuDNN cannot run is
+  // refused when the model loads rather than in the middle of a forward pass. Throws
+  // std::runtime_error with sdpa_unsupported_reason's message.
+  void check_support(const SdpaKey& key);
+
   std::size_t graphs_cached() const;
 
  private:
   struct Plan;
+  // The cached plan of `key`, built on first use (under mu_). Throws std::runtime_error with
+  // sdpa_unsupported_reason's message when cuDNN cannot run it.
+  std::shared_ptr<Plan> plan_for(const SdpaKey& key);
   c10::Device device_;
   void* handle_ = nullptr;  // cudnnHandle_t
   mutable std::mutex mu_;

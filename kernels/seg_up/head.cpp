@@ -90,7 +90,7 @@ void norm_silu_(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& 
 }
 
 at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tensor& feat,
-                        std::int64_t gh, std::int64_t gw) {
+                        std::int64_t gh, std::int64_t gw, std::int64_t band_rows) {
   TORCH_CHECK(feat.dim() == 2 && feat.size(0) == gh * gw && feat.is_contiguous() && feat.is_cuda(),
               "head_forward: feat must be a contiguous CUDA [", gh * gw, ", C] matrix, got ",
               feat.sizes());
@@ -111,7 +111,7 @@ at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tens
                          padded.data_ptr(), H, W, Cin, stream);
     act = at::Tensor();  // the previous map is no longer read: its memory serves the next one
     at::Tensor y = at::empty({4 * H * W, Cout}, opts);
-    const std::int64_t band = std::min(H, deconv_band_rows(W));
+    const std::int64_t band = std::min(H, band_rows > 0 ? band_rows : deconv_band_rows(W));
     at::Tensor plane = at::empty({band * Wp, Cout}, opts);
     for (int py = 0; py < 2; ++py) {
       for (int px = 0; px < 2; ++px) {

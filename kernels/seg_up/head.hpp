@@ -69,9 +69,10 @@ HeadWeights prepare_head(const std::vector<at::Tensor>& deconv,
 
 // The head for one image: feat [gh * gw, C] (the backbone's final norm, row-major over the
 // grid) -> logits [u*gh * u*gw, Kp] channels-last (u = w.upscale()), in the weights' dtype, on
-// the GPU.
+// the GPU. band_rows 0 runs each deconvolution in bands of deconv_band_rows(W) input rows; a
+// test may force other bands (more of them, a partial last one) to check the band arithmetic.
 at::Tensor head_forward(fastbb::Gemm& gemm, const HeadWeights& w, const at::Tensor& feat,
-                        std::int64_t gh, std::int64_t gw);
+                        std::int64_t gh, std::int64_t gw, std::int64_t band_rows = 0);
 
 // head_forward's schedule on ATen ops (any device and dtype; statistics in fp32): the same
 // prepared weights, sub-pixel taps and fused-normalisation order, so a CPU test can hold

@@ -54,6 +54,11 @@ class KernelOps {
 // Every step on ATen ops (any device, any float dtype).
 std::unique_ptr<KernelOps> aten_kernel_ops();
 
+// Every step on the CUDA kernels of `device`, with a cuBLASLt and cuDNN state of its own (the
+// kernels runner's, for a schedule run outside a Runner: the speed check's backbone/head split).
+// Defined in kernels_runner.cpp.
+std::unique_ptr<KernelOps> cuda_kernel_ops(c10::Device device);
+
 // The decode head's weights by the names both families use (`decode_head.deconv_layers.{3s}`,
 // `decode_head.conv_layers.{3s}`, `decode_head.conv_seg`), in seg_up's layout on `device`.
 kernels::seg_up::HeadWeights prepare_head_weights(const TensorMap& tensors, std::size_t deconvs,

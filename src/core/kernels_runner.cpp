@@ -10,6 +10,7 @@
 
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backends.hpp"
 #include "kernel_ops.hpp"
@@ -126,11 +127,58 @@ class CudaOps final : public KernelOps {
   cudnn_hacc::Attention& attn_;
 };
 
+// CudaOps with its own cuBLASLt and cuDNN state (cuda_kernel_ops).
+class OwningCudaOps final : public KernelOps {
+ public:
+  explicit OwningCudaOps(c10::Device device)
+      : gemm_(std::make_unique<fastbb::Gemm>(device)),
+        attn_(std::make_unique<cudnn_hacc::Attention>(device)),
+        ops_(*gemm_, *attn_) {}
+
+  void layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
+                  const at::Tensor& out) override {
+    ops_.layer_norm(x, w, b, eps, out);
+  }
+  void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
+                const at::Tensor& out) override {
+    ops_.rms_norm(x, w, eps, out);
+  }
+  void linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+              const at::Tensor& residual, fastbb::Activation act, const at::Tensor& out) override {
+    ops_.linear(x, w, b, residual, act, out);
+  }
+  void attention(const at::Tensor& qkv, const at::Tensor& out, float scale) override {
+    ops_.attention(qkv, out, scale);
+  }
+  void qk_norm_rope(const at::Tensor& qkv, const at::Tensor& q_w, const at::Tensor& k_w,
+                    const at::Tensor& cos, const at::Tensor& sin,
+                    const fastbb::QkRope& p) override {
+    ops_.qk_norm_rope(qkv, q_w, k_w, cos, sin, p);
+  }
+  void scale_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma) override {
+    ops_.scale_add(x, y, gamma);
+  }
+  void swiglu(const at::Tensor& h, const at::Tensor& out) override { ops_.swiglu(h, out); }
+  at::Tensor head(const seg_up::HeadWeights& w, const at::Tensor& feat, int64_t gh,
+                  int64_t gw) override {
+    return ops_.head(w, feat, gh, gw);
+  }
+
+ private:
+  std::unique_ptr<fastbb::Gemm> gemm_;
+  std::unique_ptr<cudnn_hacc::Attention> attn_;
+  CudaOps ops_;
+};
+
 // A family's schedule (v1 or v2 kernels_schedule) on the kernels: its weights, prepared once,
-// and one pass of its forward() per call.
+// and one pass of its forward() per call. The model's attention configurations go through
+// cuDNN's support checks at construction, so a GPU or cuDNN that cannot run them refuses the
+// mode at load (BackendUnavailable, make_kernels) instead of failing in a forward pass.
 template <typename Config, typename Weights,
           Weights (*Prepare)(const TensorMap&, const Config&, c10::Device, at::ScalarType),
-          at::Tensor (*Forward)(const Weights&, const Config&, KernelOps&, const at::Tensor&)>
+          at::Tensor (*Forward)(const Weights&, const Config&, KernelOps&, const at::Tensor&),
+          std::vector<cudnn_hacc::SdpaKey> (*Keys)(const Weights&, const Config&, at::ScalarType,
+                                                   int)>
 class ScheduleRunner final : public KernelsRunner {
  public:
   ScheduleRunner(const TensorMap& tensors, const Config& cfg, c10::Device device,
@@ -138,6 +186,9 @@ class ScheduleRunner final : public KernelsRunner {
       : KernelsRunner(device, dtype), cfg_(cfg) {
     const c10::cuda::CUDAGuard guard(device);
     weights_ = Prepare(tensors, cfg, device, dtype);
+    for (const cudnn_hacc::SdpaKey& key : Keys(weights_, cfg, dtype, device.index())) {
+      attn_->check_support(key);
+    }
   }
 
   // Logits [B, K, h, w] as a view of a channels-last [B, h, w, K] tensor on the GPU, in the
@@ -152,10 +203,12 @@ class ScheduleRunner final : public KernelsRunner {
   Weights weights_;
 };
 
-using KernelsV1 = ScheduleRunner<v1::Config, v1::kernels_schedule::Weights,
-                                 &v1::kernels_schedule::prepare, &v1::kernels_schedule::forward>;
-using KernelsV2 = ScheduleRunner<v2::Config, v2::kernels_schedule::Weights,
-                                 &v2::kernels_schedule::prepare, &v2::kernels_schedule::forward>;
+using KernelsV1 =
+    ScheduleRunner<v1::Config, v1::kernels_schedule::Weights, &v1::kernels_schedule::prepare,
+                   &v1::kernels_schedule::forward, &v1::kernels_schedule::attention_keys>;
+using KernelsV2 =
+    ScheduleRunner<v2::Config, v2::kernels_schedule::Weights, &v2::kernels_schedule::prepare,
+                   &v2::kernels_schedule::forward, &v2::kernels_schedule::attention_keys>;
 
 // Set-up failures (cuBLASLt or cuDNN refusing this GPU, a head dim cuDNN cannot run) say why
 // the mode cannot run here, as the availability checks do.
@@ -183,6 +236,11 @@ std::unique_ptr<Runner> make_kernels(c10::Device device, at::ScalarType dtype, M
 }
 
 }  // namespace
+
+std::unique_ptr<KernelOps> cuda_kernel_ops(c10::Device device) {
+  const c10::cuda::CUDAGuard guard(device);
+  return std::make_unique<OwningCudaOps>(device);
+}
 
 std::pair<int, int> cuda_capability(int index) {
   if (!at::hasCUDA() || index < 0 || index >= static_cast<int>(at::cuda::device_count())) {

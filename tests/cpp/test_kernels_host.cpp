@@ -1,5 +1,7 @@
 // Host-side logic of the kernels backend, on the CPU: the mode's availability decision, the
-// head-dim padding rule and its weight padding, plan/graph keys and argument checks, the patch
+// head-dim padding rule and its weight padding, plan/graph keys and argument checks, cuDNN's
+// attention-support decision, the CUDA-graph runner's bookkeeping (with captures that fail on
+// purpose), the patch
 // matrix, the sub-pixel index arithmetic of the head, the per-pixel upsample + argmax code that
 // the CUDA kernel runs, and Sapiens2's kernels schedule (repacked weights, grouped heads, padded
 // head dims) run on ATen ops against the portable network. The device code itself is checked by
@@ -9,7 +11,9 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <unordered_set>
 #include <vector>
 
@@ -17,6 +21,7 @@
 
 #include "core/backends.hpp"
 #include "core/checkpoint.hpp"
+#include "core/cuda_graphs.hpp"
 #include "core/kernel_ops.hpp"
 #include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
@@ -525,6 +530,18 @@ TEST(UnitKernelsSchedule, Sapiens2ScheduleOnAtenEqualsThePortableNetwork) {
   EXPECT_EQ(w.blocks[0].proj_w.size(1), cfg.heads * 24);
   EXPECT_EQ(w.blocks[0].gamma.size(0), cfg.embed_dim);
   EXPECT_EQ(w.head.upscale(), 16);
+  // One attention configuration per distinct key/value head count, each checked at load.
+  const auto keys = schedule::attention_keys(w, cfg, at::kBFloat16, 0);
+  std::unordered_set<std::int64_t> kv(cfg.kv_heads.begin(), cfg.kv_heads.end());
+  ASSERT_EQ(keys.size(), kv.size());
+  for (const auto& k : keys) {
+    EXPECT_EQ(kv.count(k.hk), 1u);
+    EXPECT_EQ(k.b, 1);
+    EXPECT_EQ(k.h, cfg.heads);
+    EXPECT_EQ(k.s, cfg.prefix_tokens() + (128 / cfg.patch) * (96 / cfg.patch));
+    EXPECT_EQ(k.d, 24);
+    EXPECT_EQ(k.dtype, kernels::DType::kBF16);
+  }
 
   at::manual_seed(12);
   const at::Tensor x = at::randn({2, 3, 128, 96});
@@ -616,9 +633,203 @@ TEST(UnitKernelsSchedule, V1ScheduleOnAtenEqualsThePortableNetwork) {
         k.name.c_str(), static_cast<long long>(cfg.heads), d, scale);
     EXPECT_LE(d, 1e-4 * std::max(scale, 1.0)) << k.name << " " << cfg.heads;
     EXPECT_THROW(schedule::forward(w, cfg, *ops, at::randn({1, 3, 32, 32})), Error);
+    // The two halves the speed check times apart are the whole pass.
+    const at::Tensor feat = schedule::backbone(w, cfg, *ops, x);
+    ASSERT_EQ(feat.sizes(),
+              (at::IntArrayRef{k.batch * (cfg.input_h / cfg.patch) * (cfg.input_w / cfg.patch),
+                               cfg.embed_dim}));
+    EXPECT_TRUE(schedule::head(w, cfg, *ops, feat, k.batch).equal(got)) << k.name;
+    EXPECT_THROW(schedule::head(w, cfg, *ops, feat, k.batch + 1), c10::Error);
+    // The attention configuration cuDNN checks at load: one image, every token, padded heads.
+    const auto keys = schedule::attention_keys(w, cfg, at::kHalf, 0);
+    ASSERT_EQ(keys.size(), 1u);
+    EXPECT_EQ(keys[0],
+              cudnn_hacc::packed_key(1, cfg.heads, cfg.heads,
+                                     (cfg.input_h / cfg.patch) * (cfg.input_w / cfg.patch),
+                                     w.padded_head_dim, kernels::DType::kF16,
+                                     static_cast<float>(1.0 / std::sqrt(double(w.head_dim))), 0));
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "no v1 fixture built (tools/make_fixtures.py)";
+}
+
+// ---- cuDNN's attention support, decided at load ----------------------------------------------
+
+TEST(UnitKernelsAttention, CudnnVersionStrings) {
+  EXPECT_EQ(cudnn_hacc::cudnn_version_string(91900), "9.19.0");
+  EXPECT_EQ(cudnn_hacc::cudnn_version_string(92601), "9.26.1");
+  EXPECT_EQ(cudnn_hacc::cudnn_version_string(8907), "8.9.7");
+}
+
+TEST(UnitKernelsAttention, SupportDecisionNamesVersionShapeAndGpu) {
+  cudnn_hacc::SdpaSupport s;
+  s.cudnn_runtime = 91900;
+  s.cudnn_compiled = 91900;
+  s.sm_major = 9;
+  s.sm_minor = 0;
+  s.key = cudnn_hacc::packed_key(1, 16, 16, 3072, 64, kernels::DType::kF16, 0.125f, 0);
+  EXPECT_EQ(cudnn_hacc::sdpa_unsupported_reason(s), "");  // the frontend built a plan
+
+  s.frontend_error = "cuDNN attention: check_support failed: no valid engine configs";
+  const std::string why = cudnn_hacc::sdpa_unsupported_reason(s);
+  for (const char* part : {"cuDNN 9.19.0 cannot run this model's fused attention", "batch 1",
+                           "16 query heads", "16 key/value heads", "3072 tokens", "head dim 64",
+                           "float16", "compute capability 9.0", "no valid engine configs"}) {
+    EXPECT_NE(why.find(part), std::string::npos) << "'" << part << "' not in: " << why;
+  }
+  s.key.dtype = kernels::DType::kBF16;
+  s.key.hk = 4;
+  EXPECT_NE(cudnn_hacc::sdpa_unsupported_reason(s).find("4 key/value heads, 3072 tokens, head "
+                                                        "dim 64, bfloat16"),
+            std::string::npos);
+
+  // A GPU older than Ampere is refused whatever the frontend said.
+  s.frontend_error.clear();
+  s.sm_major = 7;
+  s.sm_minor = 5;
+  EXPECT_NE(cudnn_hacc::sdpa_unsupported_reason(s).find("needs compute capability 8.0 or newer, "
+                                                        "this GPU has 7.5"),
+            std::string::npos);
+
+  // A cuDNN of another major version than the headers (a cuDNN 8 library under cuDNN 9 headers).
+  s.sm_major = 9;
+  s.cudnn_runtime = 8907;
+  EXPECT_NE(cudnn_hacc::sdpa_unsupported_reason(s).find("loaded cuDNN 8.9.7 is not the major "
+                                                        "version this build was compiled against "
+                                                        "(cuDNN 9.19.0)"),
+            std::string::npos);
+}
+
+TEST(UnitKernelsAttention, PackedKeyEqualsTheKeyOfPackedTensors) {
+  const at::Tensor qkv = at::empty({2, 197, 3, 4, 64}, at::kHalf);
+  const at::Tensor out = at::empty({2, 197, 4, 64}, at::kHalf);
+  EXPECT_EQ(cudnn_hacc::packed_qkv_key(qkv, out, 0.125f),
+            cudnn_hacc::packed_key(2, 4, 4, 197, 64, kernels::DType::kF16, 0.125f, -1));
+  const at::Tensor gqa = at::empty({1, 57, 8 + 2 * 2, 80}, at::kBFloat16);
+  const at::Tensor gout = at::empty({1, 57, 8, 80}, at::kBFloat16);
+  EXPECT_EQ(cudnn_hacc::packed_qkv_key(gqa, gout, 0.1f),
+            cudnn_hacc::packed_key(1, 8, 2, 57, 80, kernels::DType::kBF16, 0.1f, -1));
+}
+
+// ---- the CUDA-graph runner's bookkeeping ----------------------------------------------------
+
+namespace {
+
+// What a captured shape holds, counting how many are alive (a graph and its memory pool).
+struct FakeGraph {
+  static inline int alive = 0;
+  FakeGraph() { ++alive; }
+  FakeGraph(const FakeGraph&) = delete;
+  FakeGraph& operator=(const FakeGraph&) = delete;
+  ~FakeGraph() { --alive; }
+};
+struct FakePayload {
+  std::unique_ptr<FakeGraph> graph;
+};
+
+using Cache = core::GraphCache<FakePayload>;
+
+// Serves one call as the CUDA-graph runner does: a known shape is found, a new one captured
+// (failing for batch 3, as a pass with a host synchronisation fails). Returns whether the call
+// replayed a graph.
+bool serve(Cache& cache, std::int64_t batch, int* evictions = nullptr) {
+  const std::vector<std::int64_t> sizes = {batch, 3, 64, 48};
+  Cache::Entry* e = cache.find(sizes, /*dtype=*/5);
+  if (!e) {
+    e = &cache.add(
+        sizes, 5, "[" + std::to_string(batch) + ",3,64,48] Half",
+        [&](FakePayload& p) {
+          p.graph = std::make_unique<FakeGraph>();  // begun, then the pass fails
+          if (batch == 3)
+            throw core::CaptureFailed(
+                "operation not permitted when stream is "
+                "capturing\nsecond line");
+        },
+        [&] {
+          if (evictions) ++*evictions;
+        });
+  }
+  cache.count_call(*e);
+  return e->payload.has_value();
+}
+
+}  // namespace
+
+TEST(UnitKernelsGraphs, CountsCapturesFailuresAndReplays) {
+  FakeGraph::alive = 0;
+  {
+    Cache cache(/*max_entries=*/4);
+    int evictions = 0;
+    EXPECT_TRUE(serve(cache, 1, &evictions));
+    EXPECT_TRUE(serve(cache, 1, &evictions));
+    EXPECT_FALSE(serve(cache, 3, &evictions));  // the capture fails: this call runs eagerly
+    EXPECT_FALSE(serve(cache, 3, &evictions));  // and so does every later one: no new attempt
+    EXPECT_TRUE(serve(cache, 2, &evictions));
+    const core::GraphStats& st = cache.stats();
+    EXPECT_EQ(st.captured, 2u);
+    EXPECT_EQ(st.eager, 1u);
+    EXPECT_EQ(st.replays, 3u);
+    EXPECT_EQ(st.eager_calls, 2u);
+    EXPECT_EQ(st.evicted, 0u);
+    EXPECT_EQ(evictions, 0);
+    ASSERT_EQ(st.failures.size(), 1u);
+    // The reason names the shape and keeps the message's first line.
+    EXPECT_EQ(st.failures[0], "[3,3,64,48] Half: operation not permitted when stream is capturing");
+    EXPECT_EQ(st.summary(),
+              "captured 2, eager 1 ([3,3,64,48] Half: operation not permitted when stream is "
+              "capturing), evicted 0, 3 replays, 2 eager calls");
+    // The failed attempt's graph is gone already; the two captured ones live.
+    EXPECT_EQ(FakeGraph::alive, 2);
+  }
+  EXPECT_EQ(FakeGraph::alive, 0);
+}
+
+TEST(UnitKernelsGraphs, EvictsTheLeastRecentlyUsedShape) {
+  FakeGraph::alive = 0;
+  Cache cache(/*max_entries=*/2);
+  int evictions = 0;
+  for (const std::int64_t b : {1, 1, 2, 3, 1, 2}) serve(cache, b, &evictions);
+  const core::GraphStats& st = cache.stats();
+  // 1 and 2 captured; 3 fails (an eager entry, taking 1's place); 1 again (taking 2's); 2 again
+  // (taking 3's): the eager entry leaves like any other.
+  EXPECT_EQ(st.captured, 4u);
+  EXPECT_EQ(st.eager, 1u);
+  EXPECT_EQ(st.evicted, 3u);
+  EXPECT_EQ(evictions, 3);
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(FakeGraph::alive, 2);  // evicted graphs are released with their entries
+  // Most recently used first: 3 is no longer known, so it is tried (and fails) again.
+  EXPECT_FALSE(serve(cache, 3, &evictions));
+  EXPECT_EQ(cache.stats().eager, 2u);
+}
+
+TEST(UnitKernelsGraphs, TheCallsOwnErrorsPropagateAndRecordNothing) {
+  FakeGraph::alive = 0;
+  Cache cache(2);
+  const std::vector<std::int64_t> sizes = {1, 3, 64, 48};
+  EXPECT_THROW(cache.add(
+                   sizes, 5, "[1,3,64,48] Half",
+                   [](FakePayload& p) {
+                     p.graph = std::make_unique<FakeGraph>();
+                     throw std::runtime_error("CUDA out of memory");
+                   },
+                   [] {}),
+               std::runtime_error);
+  EXPECT_EQ(cache.size(), 0u);
+  EXPECT_EQ(cache.stats().captured + cache.stats().eager, 0u);
+  EXPECT_EQ(FakeGraph::alive, 0);
+  EXPECT_EQ(cache.find(sizes, 5), nullptr);
+}
+
+TEST(UnitKernelsGraphs, ARunnerWithoutGraphsHasNoCounts) {
+  struct CpuRunner final : core::Runner {
+    at::Tensor forward(const at::Tensor& x) const override { return x; }
+    const Backend& backend() const override { return b; }
+    Backend b{"portable", "cpu", "float32"};
+  };
+  // On the CPU with_cuda_graphs hands the runner back as it is.
+  const auto r = core::with_cuda_graphs(std::make_unique<CpuRunner>(), 4);
+  EXPECT_FALSE(core::cuda_graph_stats(*r).has_value());
 }
 
 // ---- the element arithmetic of fastbb's Sapiens2 kernels, run on the host -------------------

@@ -69,6 +69,10 @@ Weights prepare(const TensorMap& t, const Config& c, c10::Device device, at::Sca
 }
 
 at::Tensor forward(const Weights& w, const Config& c, KernelOps& ops, const at::Tensor& x) {
+  return head(w, c, ops, backbone(w, c, ops, x), x.size(0));
+}
+
+at::Tensor backbone(const Weights& w, const Config& c, KernelOps& ops, const at::Tensor& x) {
   check_network_input(x, c.input_h, c.input_w);
   c10::InferenceMode guard;
   const auto opts = w.patch_w.options();
@@ -101,15 +105,31 @@ at::Tensor forward(const Weights& w, const Config& c, KernelOps& ops, const at::
     }
   }
   ops.layer_norm(tok, w.ln_w, w.ln_b, kLayerNormEps, h);
-  tok = at::Tensor();
+  return h;
+}
 
+at::Tensor head(const Weights& w, const Config& c, KernelOps& ops, const at::Tensor& feat,
+                std::int64_t batch) {
+  c10::InferenceMode guard;
+  const std::int64_t gh = c.input_h / c.patch, gw = c.input_w / c.patch, N = gh * gw;
+  TORCH_CHECK(feat.dim() == 2 && feat.size(0) == batch * N, "head: features must be [", batch * N,
+              ", C], got ", feat.sizes());
   const std::int64_t K = w.head.classes, u = w.head.upscale(), oh = u * gh, ow = u * gw;
-  at::Tensor logits = at::empty({B, oh, ow, K}, opts);
-  for (std::int64_t b = 0; b < B; ++b) {
-    const at::Tensor lg = ops.head(w.head, h.narrow(0, b * N, N), gh, gw);
+  at::Tensor logits = at::empty({batch, oh, ow, K}, feat.options());
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const at::Tensor lg = ops.head(w.head, feat.narrow(0, b * N, N), gh, gw);
     logits[b].copy_(lg.narrow(1, 0, K).view({oh, ow, K}));
   }
   return logits.permute({0, 3, 1, 2});
+}
+
+std::vector<cudnn_hacc::SdpaKey> attention_keys(const Weights& w, const Config& c,
+                                                at::ScalarType dtype, int device) {
+  const std::int64_t N = (c.input_h / c.patch) * (c.input_w / c.patch);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(w.head_dim)));
+  return {cudnn_hacc::packed_key(1, c.heads, c.heads, N, w.padded_head_dim,
+                                 dtype == at::kHalf ? kernels::DType::kF16 : kernels::DType::kBF16,
+                                 scale, device)};
 }
 
 }  // namespace sapiens_seg::core::v1::kernels_schedule

@@ -15,6 +15,7 @@
 
 #include "../checkpoint.hpp"
 #include "../kernel_ops.hpp"
+#include "kernels/cudnn_hacc/attention.hpp"
 #include "kernels/seg_up/head.hpp"
 #include "vit_seg.hpp"
 
@@ -44,5 +45,16 @@ Weights prepare(const TensorMap& tensors, const Config& config, c10::Device devi
 // x [B, 3, input_h, input_w] (any float dtype, any device) -> logits [B, K, input_h / 2,
 // input_w / 2] as a view of a channels-last tensor, in the weights' dtype on their device.
 at::Tensor forward(const Weights& w, const Config& config, KernelOps& ops, const at::Tensor& x);
+
+// forward() in its two halves, which the speed check times apart: the backbone up to its final
+// LayerNorm (features [B * gh * gw, C]), and the decoder head over those features.
+at::Tensor backbone(const Weights& w, const Config& config, KernelOps& ops, const at::Tensor& x);
+at::Tensor head(const Weights& w, const Config& config, KernelOps& ops, const at::Tensor& feat,
+                std::int64_t batch);
+
+// The fused-attention configuration of one image's pass (batch 1) in `dtype` on CUDA device
+// `device`: the kernels runner has cuDNN check it when the model loads.
+std::vector<kernels::cudnn_hacc::SdpaKey> attention_keys(const Weights& w, const Config& config,
+                                                         at::ScalarType dtype, int device);
 
 }  // namespace sapiens_seg::core::v1::kernels_schedule

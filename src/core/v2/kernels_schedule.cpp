@@ -132,4 +132,18 @@ at::Tensor forward(const Weights& w, const Config& c, KernelOps& ops, const at::
   return logits.permute({0, 3, 1, 2});
 }
 
+std::vector<cudnn_hacc::SdpaKey> attention_keys(const Weights& w, const Config& c,
+                                                at::ScalarType dtype, int device) {
+  const std::int64_t N = c.prefix_tokens() + (c.input_h / c.patch) * (c.input_w / c.patch);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(w.head_dim)));
+  std::vector<cudnn_hacc::SdpaKey> keys;
+  for (const Block& b : w.blocks) {
+    const cudnn_hacc::SdpaKey k = cudnn_hacc::packed_key(
+        1, c.heads, b.kv_heads, N, w.padded_head_dim,
+        dtype == at::kHalf ? kernels::DType::kF16 : kernels::DType::kBF16, scale, device);
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  }
+  return keys;
+}
+
 }  // namespace sapiens_seg::core::v2::kernels_schedule

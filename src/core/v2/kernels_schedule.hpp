@@ -15,6 +15,7 @@
 
 #include "../checkpoint.hpp"
 #include "../kernel_ops.hpp"
+#include "kernels/cudnn_hacc/attention.hpp"
 #include "kernels/seg_up/head.hpp"
 #include "sapiens2.hpp"
 
@@ -48,5 +49,11 @@ Weights prepare(const TensorMap& tensors, const Config& config, c10::Device devi
 // x [B, 3, input_h, input_w] (any float dtype, any device) -> logits [B, K, input_h, input_w] as
 // a view of a channels-last tensor, in the weights' dtype on their device.
 at::Tensor forward(const Weights& w, const Config& config, KernelOps& ops, const at::Tensor& x);
+
+// The fused-attention configurations of one image's pass (batch 1; one per distinct key/value
+// head count) in `dtype` on CUDA device `device`: the kernels runner has cuDNN check them when
+// the model loads.
+std::vector<kernels::cudnn_hacc::SdpaKey> attention_keys(const Weights& w, const Config& config,
+                                                         at::ScalarType dtype, int device);
 
 }  // namespace sapiens_seg::core::v2::kernels_schedule
