@@ -49,7 +49,10 @@ python="" system_libs=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -o | --out) out=$(realpath -m "$2"); shift ;;
-    --python) python=$(command -v "$2" || true); [ -n "$python" ] || { echo "no $2" >&2; exit 2; }; shift ;;
+    --python)
+      python=$(command -v "$2" || true)
+      [ -n "$python" ] || { echo "build_wheel.sh: no $2" >&2; exit 2; }
+      shift ;;
     --system-libs) system_libs=1 ;;
     *) echo "build_wheel.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -145,12 +148,14 @@ export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 build() { nice -n 10 "$@"; }
 
 # ---- 2. FFmpeg -------------------------------------------------------------------------------
+decoders=h264,hevc,mpeg4,h263,msmpeg4v3,mpeg1video,mpeg2video,mjpeg,vp8,vp9,libdav1d,rawvideo
+decoders+=,gif
 ffmpeg_cfg=(
   --prefix="$prefix" --enable-shared --disable-static --enable-pic --disable-programs
   --disable-doc --disable-avdevice --disable-avfilter --disable-postproc --disable-swresample
   --disable-network --disable-autodetect --enable-pthreads --enable-zlib
   --disable-everything --enable-gpl --enable-libx264 --enable-libdav1d
-  --enable-decoder=h264,hevc,mpeg4,h263,msmpeg4v3,mpeg1video,mpeg2video,mjpeg,vp8,vp9,libdav1d,rawvideo,gif
+  --enable-decoder=$decoders
   --enable-encoder=libx264,mpeg4
   --enable-demuxer=mov,matroska,avi,mpegts,mpegps,mpegvideo,flv,ogg,h264,hevc,m4v,mjpeg,gif
   --enable-muxer=mp4,mov,avi,matroska
@@ -244,9 +249,11 @@ settings=(--config-settings=build-dir="build-wheel-$variant")
 for d in "${defines[@]}"; do settings+=(--config-settings="$d"); done
 raw=$deps/wheel-raw
 rm -rf "$raw"
-log "pip wheel for $cp_tag (CMake in build-wheel-$variant/, log: build-wheel-deps/wheel-$variant.log)"
+log "pip wheel for $cp_tag (CMake in build-wheel-$variant/," \
+  "log: build-wheel-deps/wheel-$variant.log)"
 "$build_py" -m pip wheel -v --no-build-isolation --no-deps -w "$raw" "${settings[@]}" . \
-  >"$deps/wheel-$variant.log" 2>&1 || { tail -n 40 "$deps/wheel-$variant.log" >&2; fail "pip wheel"; }
+  >"$deps/wheel-$variant.log" 2>&1 ||
+  { tail -n 40 "$deps/wheel-$variant.log" >&2; fail "pip wheel"; }
 wheel=$(ls "$raw"/sapiens_seg-*.whl)
 log "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
 

@@ -41,7 +41,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case "$dist" in bookworm | trixie) ;; *) echo "check_wheel.sh: --dist bookworm|trixie" >&2; exit 2 ;; esac
+case "$dist" in
+  bookworm | trixie) ;;
+  *) echo "check_wheel.sh: --dist bookworm|trixie" >&2; exit 2 ;;
+esac
 
 start=$(date +%s)
 log() { printf '[check_wheel %4ds] %s\n' "$(($(date +%s) - start))" "$*" >&2; }
@@ -49,7 +52,9 @@ fail() { log "FAILED: $*"; exit 1; }
 trap 'log "FAILED: line $LINENO: $BASH_COMMAND"' ERR
 
 [ "$(id -u)" = 0 ] || fail "needs root (debootstrap, mount, chroot)"
-for t in debootstrap ffmpeg ffprobe openssl; do command -v "$t" >/dev/null || fail "$t not found"; done
+for t in debootstrap ffmpeg ffprobe openssl; do
+  command -v "$t" >/dev/null || fail "$t not found"
+done
 py=$repo/.venv/bin/python
 [ -x "$py" ] || fail "no .venv: run tools/setup.sh first"
 torch_pin=$(sed -n 's/.*"torch==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n1)
@@ -102,7 +107,7 @@ while IFS= read -r -d '' elf; do
   for e in "${entries[@]}"; do
     case "$e" in
       '$ORIGIN'*) ;;
-      *) fail "${elf#"$scratch/unpacked/"} looks for libraries in $e (a path of the build machine)" ;;
+      *) fail "${elf#"$scratch/unpacked/"} looks for libraries in $e (a build machine's path)" ;;
     esac
   done
 done < <(find "$scratch/unpacked" -type f \( -name '*.so*' -o -path '*/bin/*' \) -print0)
@@ -114,7 +119,8 @@ if [ ! -f "$tarball" ]; then
            echo http://deb.debian.org/debian/)
   log "debootstrap --variant=minbase --include=python3,python3-venv $dist ($mirror)"
   debootstrap --variant=minbase --include=python3,python3-venv "$dist" "$scratch/boot" "$mirror" \
-    >"$scratch/debootstrap.log" 2>&1 || { tail -n 20 "$scratch/debootstrap.log" >&2; fail debootstrap; }
+    >"$scratch/debootstrap.log" 2>&1 ||
+    { tail -n 20 "$scratch/debootstrap.log" >&2; fail debootstrap; }
   tar -C "$scratch/boot" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
   rm -rf --one-file-system "$scratch/boot"
 fi
@@ -122,14 +128,17 @@ mkdir "$root"
 tar -C "$root" -xpf "$tarball"
 bind /proc "$root/proc"
 bind /dev "$root/dev"
-in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
+in_root() {
+  chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"
+}
 dist_py=$(in_root python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 cp_tag=cp${dist_py/./}
 case "$wheel_name" in
   *-"$cp_tag"-"$cp_tag"-*) ;;
-  *) fail "$dist's python3 is $dist_py: it needs a $cp_tag wheel, not $wheel_name (tools/build_wheel.sh --python python$dist_py)" ;;
+  *) fail "$dist's python3 is $dist_py: it needs a $cp_tag wheel, not $wheel_name" \
+       "(tools/build_wheel.sh --python python$dist_py)" ;;
 esac
-dev=$(in_root dpkg-query -W -f '${Package}\n' | grep -E -- '-dev$|opencv|curl|libav|libssl-dev' || true)
+dev=$(in_root dpkg-query -W -f '${Package}\n' | grep -E -- '-dev$|opencv|curl|libav' || true)
 [ -z "$dev" ] || fail "the root holds $dev"
 
 # ---- 3. torch and its dependencies, downloaded once for this Python --------------------------
@@ -180,7 +189,8 @@ in_root /opt/venv/bin/pip install -q --no-index --find-links /wheelhouse "/check
   fail "pip install in the $dist root"
 install_s=$(($(date +%s) - t_install))
 log "installed in ${install_s} s; running tools/check_wheel_chroot.py there"
-in_root /opt/venv/bin/python /check/check_wheel_chroot.py /check || fail "the checks in the $dist root"
+in_root /opt/venv/bin/python /check/check_wheel_chroot.py /check ||
+  fail "the checks in the $dist root"
 for m in "$root/wheelhouse" "$root/dev" "$root/proc"; do umount "$m"; done
 
 # ---- 6. the overlay videos, probed here --------------------------------------------------------

@@ -1,7 +1,7 @@
 """Runs inside the clean root file system of tools/check_wheel.sh, with the venv's Python into
 which the repaired wheel and the pinned torch were installed (and nothing else).
 
-    python check_wheel_chroot.py DIR      # DIR: what check_wheel.sh copied in; writes DIR/result.json
+    python check_wheel_chroot.py DIR   # DIR: what check_wheel.sh copied in; writes DIR/result.json
 
 Uses the package from Python and its sapiens-seg CLI (an image, videos, a download through the
 loopback stand-in for the Hub of tests/python/hub_server.py), then checks where every shared
