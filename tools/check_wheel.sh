@@ -23,9 +23,11 @@
 #
 # Needs root (debootstrap, mount, chroot), debootstrap, and ffmpeg (tools/setup.sh). The roots are
 # made once and kept as tarballs in build-wheel-deps/roots/, the torch wheels in
-# build-wheel-deps/wheelhouse/ (about 3 GB). Not part of ctest or .ci/run: with the wheel already
-# built, a run took about 6 minutes on the shared build machine (installing torch and its CUDA
-# packages into the root is most of it); building the wheel first adds the project's build.
+# build-wheel-deps/wheelhouse/ (about 3 GB per Python version). Not part of ctest or .ci/run: too
+# slow and it needs root. With the wheel already built, a run took 3 minutes (Debian 13) to 8
+# (Debian 12, with other builds busy on the shared 2-core machine); installing torch and its CUDA
+# packages into the root is the largest part. Building the wheel first (tools/build_wheel.sh)
+# adds about 25 minutes for the trimmed libraries the first time, and the project's build.
 set -Eeuo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -158,11 +160,15 @@ work=$root/check
 mkdir -p "$work/videos" "$work/fixtures"
 cp "$wheel" "$work/"
 cp examples/astronaut.jpg tests/python/hub_server.py tools/check_wheel_chroot.py "$work/"
+# The release build's fixtures, else a copy made once for this check.
 fixtures=$repo/build/fixtures
-if [ ! -f "$fixtures/tiny_b_torchscript.pt2" ] || [ ! -f "$fixtures/cards/tiny_b.json" ]; then
-  log "making the tiny fixtures (tools/make_fixtures.py)"
-  fixtures=$scratch/fixtures
-  "$py" tools/make_fixtures.py --out "$fixtures" --only tiny_a tiny_b >/dev/null
+have_fixtures() { [ -f "$1/tiny_b_torchscript.pt2" ] && [ -f "$1/cards/tiny_b.json" ]; }
+if ! have_fixtures "$fixtures"; then
+  fixtures=$deps/fixtures
+  if ! have_fixtures "$fixtures"; then
+    log "making the tiny fixtures (tools/make_fixtures.py)"
+    "$py" tools/make_fixtures.py --out "$fixtures" --only tiny_a tiny_b >/dev/null
+  fi
 fi
 cp "$fixtures"/tiny_{a,b}_torchscript.pt2 "$work/fixtures/"
 mkdir "$work/fixtures/cards" && cp "$fixtures"/cards/tiny_{a,b}.json "$work/fixtures/cards/"
