@@ -117,7 +117,8 @@ done < <(find "$scratch/unpacked" -type f \( -name '*.so*' -o -path '*/bin/*' \)
 # ---- 2. the root file system (made once, unpacked fresh for every run) ----------------------
 tarball=$deps/roots/$dist.tar
 if [ ! -f "$tarball" ]; then
-  mirror=$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | grep -m1 -E 'debian/?$' ||
+  mirror=$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null |
+           awk '/debian\/?$/ && !n++' | grep . ||
            echo http://deb.debian.org/debian/)
   log "debootstrap --variant=minbase --include=python3,python3-venv $dist ($mirror)"
   debootstrap --variant=minbase --include=python3,python3-venv "$dist" "$scratch/boot" "$mirror" \
@@ -227,7 +228,7 @@ rec = json.loads(Path(out).read_text()) if Path(out).exists() else {}
 with zipfile.ZipFile(wheel) as z:
     infos = z.infolist()
     tag = z.read(next(i for i in infos if i.filename.endswith(".dist-info/WHEEL"))).decode()
-libs = sorted((i for i in infos if i.filename.startswith("sapiens_seg.libs/")),
+libs = sorted((i for i in infos if i.filename.startswith("sapiens_seg.libs/") and not i.is_dir()),
               key=lambda i: -i.file_size)
 ours = [i for i in infos if i.filename.startswith("sapiens_seg/") and
         (".so" in i.filename or "/bin/" in i.filename)]
