@@ -21,11 +21,13 @@
 #                 has 3.13 and needs a cp313 wheel: tools/build_wheel.sh --python python3.13)
 #   --keep        leave the scratch folder (root file system, outputs) behind
 #
-# Needs root (debootstrap, mount, chroot), debootstrap, and ffmpeg (tools/setup.sh). The roots are
-# made once and kept as tarballs in build-wheel-deps/roots/, the torch wheels in
-# build-wheel-deps/wheelhouse/ (about 3 GB per Python version). Not part of ctest or .ci/run: too
-# slow and it needs root. With the wheel already built, a run took 3 minutes (Debian 13) to 8
-# (Debian 12, with other builds busy on the shared 2-core machine); installing torch and its CUDA
+# Needs root (debootstrap, mount, chroot), Debian's debootstrap (installed when missing) and
+# ffmpeg (tools/setup.sh). The roots are made once and kept as tarballs in build-wheel-deps/roots/,
+# the torch wheels in build-wheel-deps/wheelhouse/ (about 3 GB per Python version).
+#
+# Not part of ctest or .ci/run: too slow, and it needs root. With the wheel already built, a run
+# took 3 to 8 minutes on the shared 2-core build machine (Debian 13 alone on it, Debian 12 while
+# other builds ran), then a minute or two to delete the root; installing torch and its CUDA
 # packages into the root is the largest part. Building the wheel first (tools/build_wheel.sh)
 # adds about 25 minutes for the trimmed libraries the first time, and the project's build.
 set -Eeuo pipefail
@@ -54,8 +56,13 @@ fail() { log "FAILED: $*"; exit 1; }
 trap 'log "FAILED: line $LINENO: $BASH_COMMAND"' ERR
 
 [ "$(id -u)" = 0 ] || fail "needs root (debootstrap, mount, chroot)"
+if ! command -v debootstrap >/dev/null; then
+  log "installing Debian's debootstrap"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap \
+    >/dev/null
+fi
 for t in debootstrap ffmpeg ffprobe openssl; do
-  command -v "$t" >/dev/null || fail "$t not found"
+  command -v "$t" >/dev/null || fail "$t not found (tools/setup.sh installs ffmpeg)"
 done
 py=$repo/.venv/bin/python
 [ -x "$py" ] || fail "no .venv: run tools/setup.sh first"
