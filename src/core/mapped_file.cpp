@@ -30,11 +30,15 @@ class Fd {
   int fd_;
 };
 
-// The live map_file buffers, [begin, end), so that release_mapped_pages only ever drops pages
+// The live map_file mappings, [begin, end), so that release_mapped_pages only ever drops pages
 // of one of them.
+struct LiveMap {
+  std::uintptr_t end;
+  int fd;  // the file, open for as long as the buffer lives (see release_mapped_pages)
+};
 std::mutex g_maps_mutex;
-std::map<std::uintptr_t, std::uintptr_t>& live_maps() {
-  static std::map<std::uintptr_t, std::uintptr_t> maps;
+std::map<std::uintptr_t, LiveMap>& live_maps() {
+  static std::map<std::uintptr_t, LiveMap> maps;
   return maps;
 }
 
@@ -90,8 +94,14 @@ std::size_t release_mapped_pages(const void* data, std::size_t bytes) {
   auto it = maps.upper_bound(b);
   if (it == maps.begin()) return 0;
   --it;
-  if (!(it->first <= b && b + bytes <= it->second)) return 0;  // not inside one buffer
-  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  if (!(it->first <= b && b + bytes <= it->second.end)) return 0;  // not inside one buffer
+  // The buffer mirrors the file byte for byte from a page boundary, so the released pages are
+  // replaced by a read-only mapping of the same bytes of the file: the memory goes back to the
+  // system, and should the range be read again it faults in from the file (as the file is then).
+  const off_t offset = static_cast<off_t>(first - it->first);
+  void* got = ::mmap(reinterpret_cast<void*>(first), last - first, PROT_READ,
+                     MAP_PRIVATE | MAP_FIXED, it->second.fd, offset);
+  if (got == MAP_FAILED) return 0;
   return last - first;
 }
 
@@ -114,22 +124,29 @@ MappedFile map_file(const std::string& path, const std::string& what) {
   MappedFile m;
   m.size = static_cast<std::size_t>(st.st_size);
   if (m.size == 0) return m;  // mmap refuses length 0
-  // Anonymous memory rather than a heap block: page-aligned, so that release_mapped_pages can
-  // give back whole pages of it, and the system's to lend lazily.
-  void* addr = ::mmap(nullptr, m.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const std::size_t size = m.size;
+  // Anonymous memory filled by pread(), not a mapping of the file: even the private pages of a
+  // file mapping are taken away when the file is truncated (SIGBUS on the next access).
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (addr == MAP_FAILED) {
     const int err = errno;
     throw Error(err == ENOMEM ? ErrorCode::kOutOfMemory : ErrorCode::kIo,
-                "cannot allocate " + std::to_string(m.size) + " bytes to read " + what + " " +
-                    path + ": " + std::strerror(err));
+                "cannot allocate " + std::to_string(size) + " bytes to read " + what + " " + path +
+                    ": " + std::strerror(err));
   }
-  const std::size_t size = m.size;
-  std::shared_ptr<const void> owner(addr, [size](const void* p) {
+  const int kept_fd = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (kept_fd < 0) {
+    const int err = errno;
+    ::munmap(addr, size);
+    throw Error(ErrorCode::kIo, "cannot open " + what + " " + path + ": " + std::strerror(err));
+  }
+  std::shared_ptr<const void> owner(addr, [size, kept_fd](const void* p) {
     {
       std::lock_guard<std::mutex> lock(g_maps_mutex);
       live_maps().erase(reinterpret_cast<std::uintptr_t>(p));
     }
     ::munmap(const_cast<void*>(p), size);
+    ::close(kept_fd);
   });
   auto* out = static_cast<std::uint8_t*>(addr);
   // Pieces bounded well below what one read() returns (about 2 GiB on Linux).
@@ -137,8 +154,8 @@ MappedFile map_file(const std::string& path, const std::string& what) {
   for (std::size_t done = 0; done < size;) {
     const std::size_t want = std::min(kPiece, size - done);
     const ssize_t n = ::pread(fd.get(), out + done, want, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      if (errno == EINTR) continue;
       throw Error(ErrorCode::kIo, "cannot read " + what + " " + path + ": " + std::strerror(errno));
     }
     if (n == 0) {
@@ -160,8 +177,8 @@ MappedFile map_file(const std::string& path, const std::string& what) {
   ::mprotect(addr, size, PROT_READ);
   {
     std::lock_guard<std::mutex> lock(g_maps_mutex);
-    live_maps()[reinterpret_cast<std::uintptr_t>(addr)] =
-        reinterpret_cast<std::uintptr_t>(addr) + size;
+    live_maps()[reinterpret_cast<std::uintptr_t>(addr)] = {
+        reinterpret_cast<std::uintptr_t>(addr) + size, kept_fd};
   }
   m.owner = std::move(owner);
   m.data = out;

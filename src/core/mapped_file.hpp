@@ -1,4 +1,4 @@
-// Whole checkpoint files held in this process's private memory: tensors are used as views into
+// Whole checkpoint files read into this process's private memory: tensors are used as views into
 // it (no second copy for CPU float32), so it lives as long as any view holds `owner`.
 #pragma once
 
@@ -22,25 +22,28 @@ struct MappedFile {
 // Error(kIo) when it cannot be examined.
 void check_regular_file(const std::string& path, const std::string& what);
 
-// Reads all of `path` (a regular file, see check_regular_file) into private, read-only memory.
-// `what` names it in error messages ("checkpoint", "safetensors file").
+// Reads all of `path` (a regular file, see check_regular_file) with pread() into anonymous
+// memory of this process, read-only from then on. `what` names it in error messages
+// ("checkpoint", "safetensors file").
 //
-// Why not a shared file mapping: a checkpoint rewritten in place while a model uses it (`cp
-// new.pt2 model.pt2`) would change the weights under a running model, and one truncated by the
-// copy would kill the process with SIGBUS on the next access. A loaded model depends on the
-// bytes it read, never on the file again. The file is read with pread(), so a file cut short
-// while it is read is an Error(kIo) naming it; a file whose size or modification time changed
-// between the start and the end of the read (a copy in progress) is refused the same way.
+// Why not a file mapping: a checkpoint rewritten in place while a model uses it (`cp new.pt2
+// model.pt2`) changed the weights under a running model, and one truncated by the copy killed the
+// process with SIGBUS on the next access (even the private, copied pages of a file mapping are
+// taken away by a truncation). A loaded model depends on the bytes it read, never on the file
+// again. A file cut short while it is read is an Error(kIo) naming it; so is one whose size or
+// modification time changed between the start and the end of the read (a copy in progress).
 // Error(kOutOfMemory) when the memory cannot be had. An empty file comes back empty (data null,
 // size 0) for the caller's parser to refuse in its own words.
 MappedFile map_file(const std::string& path, const std::string& what);
 
-// Gives back to the system the whole pages of [data, data + bytes) when that range lies inside
-// one live map_file buffer; bytes outside whole pages, and memory that is not such a buffer,
-// are never touched. For weights that were converted to another dtype or copied to a device:
-// without it the file's bytes would stay resident beside the converted copy until the model is
-// released. The released bytes read as zeros afterwards: call it only for a range that no view
-// will read again. Returns the bytes released.
+// Gives back the memory of the whole pages of [data, data + bytes) when that range lies inside
+// one live map_file buffer; bytes outside whole pages, and memory that is not such a buffer, are
+// never touched. For weights that were converted to another dtype or copied to a device: without
+// it the file's bytes would stay resident beside the converted copy until the model is released,
+// so a bfloat16 load of a 20 GB float32 file would peak at 30 GB instead of 10. The pages become
+// a read-only mapping of the same bytes of the file: should the range be read again (a second
+// network built from the same tensors), it faults in from the file as the file is then, so
+// release only what the model will not read again. Returns the bytes released.
 std::size_t release_mapped_pages(const void* data, std::size_t bytes);
 
 }  // namespace sapiens_seg::core
