@@ -81,8 +81,8 @@ def with_orientation(rgb: np.ndarray, path: Path, fmt: str, orientation: int) ->
 @pytest.mark.parametrize("fmt,ext", [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")])
 def test_exif_orientation_is_applied_as_the_wheel_applies_it(tmp_path, fmt, ext):
     """Every orientation of the formats whose EXIF orientation cv2.imread of the pinned wheel
-    applies (JPEG APP1, PNG eXIf, WebP EXIF): the same pixels as cv2.imread. WebP and PNG
-    orientation were ignored before."""
+    applies (JPEG APP1, PNG eXIf, WebP EXIF): the same pixels as cv2.imread. WebP orientation
+    was ignored before."""
     rgb = picture(40, 64)
     for o in range(1, 9):
         p = tmp_path / f"o{o}.{ext}"
