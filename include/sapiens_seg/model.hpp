@@ -28,8 +28,9 @@ struct ImageView {
 };
 
 // One image to segment. Files and encoded bytes are decoded like cv2.imread in the authors' demo:
-// EXIF orientation applied, grey replicated to RGB, alpha dropped (not composited), 16-bit scaled
-// to 8-bit (value / 256). Both sides must be at least 32 pixels.
+// EXIF orientation applied (JPEG, PNG eXIf, WebP; TIFF by libtiff), grey replicated to RGB, alpha
+// dropped (not composited), 16-bit scaled to 8-bit (value / 256). Both sides must be at least 32
+// pixels.
 class SAPIENS_SEG_API Input {
  public:
   static Input file(std::string path);
@@ -72,6 +73,9 @@ struct SAPIENS_SEG_API Result {
   std::vector<std::array<std::uint8_t, 3>> palette;  // RGB per class
   Backend backend;
   Timings timings;
+  // What the image decoder warned about for a file or encoded bytes that were still decoded (as
+  // cv2.imread decodes them), e.g. "libjpeg: Corrupt JPEG data: bad Huffman code"; also logged.
+  std::vector<std::string> warnings;
 
   // 1 where the label is not background (what the authors' demo saves as <name>.npy).
   std::vector<std::uint8_t> foreground() const;
@@ -112,12 +116,15 @@ SAPIENS_SEG_API Model load(const std::string& id_or_path, const LoadOptions& opt
 // An owned 8-bit RGB image.
 struct Image {
   int height = 0, width = 0;
-  std::vector<std::uint8_t> rgb;  // height * width * 3, row-major
+  std::vector<std::uint8_t> rgb;      // height * width * 3, row-major
+  std::vector<std::string> warnings;  // the decoder's, as in Result::warnings (read_image)
   ImageView view() const { return {rgb.data(), height, width, 0}; }
 };
 
 // Decodes a file or encoded bytes by the rules of Input (EXIF, grey, alpha, 16-bit, size
-// limits). Throws Error(kNotFound / kIo / kInvalidInput).
+// limits); the decoder's warnings go to Image::warnings and the log. Throws Error(kNotFound /
+// kIo / kInvalidInput / kOutOfMemory); a path that is a directory, FIFO, socket or device is
+// kInvalidInput, refused without opening it.
 SAPIENS_SEG_API Image read_image(const std::string& path);
 SAPIENS_SEG_API Image read_image(const std::vector<std::uint8_t>& encoded);
 

@@ -40,6 +40,7 @@ __all__ = [
     "SapiensIOError",
     "InternalError",
     "OutOfMemoryError",
+    "DecodeWarning",
 ]
 
 
@@ -151,6 +152,12 @@ class OutOfMemoryError(SapiensSegError, MemoryError):
     """
 
     code = ErrorCode.OUT_OF_MEMORY
+
+
+class DecodeWarning(UserWarning):
+    """The image decoder warned about a file that it still decoded, as cv2.imread decodes it
+    (libjpeg's "Corrupt JPEG data: ...", libpng's): issued by ``read_image``; a model call lists
+    them in ``Result.warnings`` instead."""
 
 
 _BY_CODE: dict[int, type[SapiensSegError]] = {

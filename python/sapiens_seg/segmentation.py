@@ -37,6 +37,7 @@ import numbers
 import os
 import re
 import sys
+import warnings as _warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
@@ -44,7 +45,7 @@ import numpy as np
 
 from . import _core
 from ._progress import DownloadProgress, ProgressArg, make_reporter
-from .errors import InvalidInputError
+from .errors import DecodeWarning, InvalidInputError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -116,6 +117,9 @@ class Result:
         backend: the :class:`Backend` that ran the network.
         timings: milliseconds per stage: ``decode``, ``preprocess``, ``network``,
             ``postprocess`` and ``total`` (a batch shares its network time).
+        warnings: what the image decoder warned about for a file or bytes it still decoded, as
+            cv2.imread decodes them (e.g. ``"libjpeg: Corrupt JPEG data: bad Huffman code"``);
+            also logged. Empty for a clean file and for pixels.
 
     Example::
 
@@ -125,7 +129,7 @@ class Result:
     """
 
     __slots__ = ("_native", "_image", "_labels", "_logits", "_classes", "_palette", "_backend",
-                 "_timings", "_foreground")
+                 "_timings", "_foreground", "_warnings")
 
     def __init__(self, native: _core.NativeResult, image: np.ndarray | None) -> None:
         # Not meant to be built by users: Model.__call__ makes them.
@@ -139,6 +143,7 @@ class Result:
         self._backend = Backend(*native.backend)
         self._timings: dict[str, float] = native.timings
         self._foreground: np.ndarray | None = None
+        self._warnings: list[str] = native.warnings
 
     @property
     def labels(self) -> np.ndarray:
@@ -172,6 +177,10 @@ class Result:
     @property
     def timings(self) -> dict[str, float]:
         return dict(self._timings)
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
 
     @property
     def height(self) -> int:
@@ -445,6 +454,10 @@ def read_image(x: str | os.PathLike[str] | bytes | bytearray | memoryview) -> np
     """Decodes an image file or encoded bytes to numpy uint8 ``[H, W, 3]`` RGB exactly as the
     model does (EXIF orientation, grey, alpha and 16-bit rules, size limits).
 
+    What the decoder warned about for a file it still decoded (libjpeg's "Corrupt JPEG data:
+    ...") is issued as a :class:`~sapiens_seg.DecodeWarning` (``Result.warnings`` for a model
+    call).
+
     Example::
 
         rgb = segmentation.read_image("photo.jpg")
@@ -453,7 +466,10 @@ def read_image(x: str | os.PathLike[str] | bytes | bytearray | memoryview) -> np
     item, _ = _to_item(x, "x")
     if item[0] == _core.ITEM_RGB:
         raise TypeError("x: expected a path or encoded bytes")
-    return _core.read_image(item)
+    pixels, warned = _core.read_image(item)
+    for text in warned:
+        _warnings.warn(text, DecodeWarning, stacklevel=2)
+    return pixels
 
 
 def resize(image: np.ndarray, size: tuple[int, int], interpolation: str = "linear", *,
@@ -558,6 +574,33 @@ def _rgb_array(a: np.ndarray, where: str) -> np.ndarray:
     return a
 
 
+def _pil_rgb(img: Any, where: str) -> np.ndarray:
+    """A PIL image as HxWx3 uint8 RGB by the rules files are decoded with: 16-bit samples
+    (``I;16``, ``I;16L``, ``I;16B``, ``I;16N``) keep their high byte (value // 256, as cv2.imread
+    reduces a 16-bit PNG), and so do ``I`` (32-bit integer, which is how Pillow holds many 16-bit
+    files) and ``F`` (32-bit float) after clipping to 0..65535 (NaN as 0); grey is replicated.
+    Every other mode goes through Pillow's ``convert("RGB")``: ``1`` as 0/255, ``L``, ``P`` by its
+    palette, ``LA``/``PA``/``RGBA`` with the alpha dropped (not composited), ``CMYK``, ``YCbCr``.
+    (Pillow's own ``convert("RGB")`` would clip 16-bit values to 255, turning a 16-bit photo
+    nearly white.)"""
+    mode = img.mode
+    if mode == "RGB":
+        return np.asarray(img)
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        v = np.asarray(img)
+        if v.ndim != 2:
+            raise InvalidInputError(f"{where}: a PIL image in mode {mode} with shape {v.shape}")
+        if mode in ("I", "F"):
+            v = np.clip(np.nan_to_num(v, nan=0.0) if mode == "F" else v, 0, 65535)
+        high = (v.astype(np.uint16) >> 8).astype(np.uint8)
+        return np.repeat(high[:, :, None], 3, axis=2)
+    try:
+        return np.asarray(img.convert("RGB"))
+    except ValueError as e:
+        raise InvalidInputError(f"{where}: a PIL image in mode {mode} cannot be converted to RGB "
+                                f"({e})") from e
+
+
 def _to_item(x: Any, where: str) -> tuple[tuple[int, Any], np.ndarray | None]:
     """The native layer's (kind, payload) item for one image, and the pixels to keep for
     Result.overlay when the input was pixels (files and bytes are decoded natively)."""
@@ -578,8 +621,7 @@ def _to_item(x: Any, where: str) -> tuple[tuple[int, Any], np.ndarray | None]:
         return (_core.ITEM_RGB, a), a
     pil = sys.modules.get("PIL.Image")
     if pil is not None and isinstance(x, pil.Image):
-        img = x if x.mode == "RGB" else x.convert("RGB")
-        a = _rgb_array(np.asarray(img), where)
+        a = _rgb_array(_pil_rgb(x, where), where)
         return (_core.ITEM_RGB, a), a
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):

@@ -333,6 +333,15 @@ py::list segment(const ss::Model& model, const py::list& items, bool logits) {
   for (std::size_t i = 0; i < py::len(items); ++i) jobs.push_back(make_job(items[i], i));
 
   std::vector<ss::Result> results;
+  // Ctrl-C during a long list: Python's handler only runs when this thread holds the GIL, so it
+  // is taken briefly between images to run it; a KeyboardInterrupt it raises ends the call
+  // before the next image (nothing is returned, nothing half-made is kept).
+  std::optional<py::error_already_set> interrupted;
+  const auto check_signals = [&] {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) interrupted.emplace();
+    return !interrupted;
+  };
   {
     py::gil_scoped_release nogil;
     using Clock = std::chrono::steady_clock;
@@ -341,6 +350,7 @@ py::list segment(const ss::Model& model, const py::list& items, bool logits) {
     // Files and bytes are decoded here (as the library would decode them) so that the pixels
     // stay available for Result.overlay without a second decode.
     for (auto& job : jobs) {
+      if (!check_signals()) break;
       const auto t0 = Clock::now();
       if (job.kind == Job::Kind::kFile) {
         job.decoded = ss::read_image(job.path);
@@ -351,10 +361,13 @@ py::list segment(const ss::Model& model, const py::list& items, bool logits) {
       job.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       inputs.push_back(ss::Input::rgb(job.decoded ? job.decoded->view() : job.view));
     }
-    ss::SegmentOptions opt;
-    opt.logits = logits;
-    results = model.segment(inputs, opt);
+    if (!interrupted && check_signals()) {
+      ss::SegmentOptions opt;
+      opt.logits = logits;
+      results = model.segment(inputs, opt);
+    }
   }
+  if (interrupted) throw std::move(*interrupted);
 
   py::list out;
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -363,6 +376,7 @@ py::list segment(const ss::Model& model, const py::list& items, bool logits) {
     if (jobs[i].decoded) {
       native->result.timings.decode = jobs[i].decode_ms;
       native->result.timings.total += jobs[i].decode_ms;
+      native->result.warnings = std::move(jobs[i].decoded->warnings);
       native->decoded = std::move(jobs[i].decoded);
     }
     out.append(py::cast(std::move(native)));
@@ -453,7 +467,9 @@ py::dict system_info() {
   return d;
 }
 
-py::array read_image(const py::tuple& item) {
+// (pixels, the decoder's warnings): segmentation.read_image turns the warnings into Python
+// warnings.
+py::tuple read_image(const py::tuple& item) {
   Job job = make_job(item, 0);
   if (job.kind == Job::Kind::kRgb) throw py::type_error("read_image: expected a path or bytes");
   ss::Image image;
@@ -461,7 +477,8 @@ py::array read_image(const py::tuple& item) {
     py::gil_scoped_release nogil;
     image = job.kind == Job::Kind::kFile ? ss::read_image(job.path) : ss::read_image(job.bytes);
   }
-  return image_array(std::move(image));
+  py::list warnings = str_list(image.warnings);
+  return py::make_tuple(image_array(std::move(image)), warnings);
 }
 
 py::array resize(const py::array& image, int height, int width, const std::string& interpolation,
@@ -560,6 +577,8 @@ PYBIND11_MODULE(_core, m) {
                              [](const NativeResult& r) { return backend_tuple(r.result.backend); })
       .def_property_readonly("timings",
                              [](const NativeResult& r) { return timings_dict(r.result.timings); })
+      .def_property_readonly("warnings",
+                             [](const NativeResult& r) { return str_list(r.result.warnings); })
       .def(
           "overlay",
           [](const NativeResult& n, const py::object& image, float opacity) {
@@ -602,7 +621,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
   m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
   m.def("read_image", &read_image, py::arg("item"),
-        "Decodes a (kind, payload) file or bytes item to HxWx3 uint8 RGB as the library does.");
+        "Decodes a (kind, payload) file or bytes item to (HxWx3 uint8 RGB, decoder warnings) as "
+        "the library does.");
   m.def("resize", &resize, py::arg("image"), py::arg("height"), py::arg("width"),
         py::arg("interpolation"), py::arg("cubic"), py::arg("device"),
         "cv2.resize of an HxWx3 uint8 array by the library's own arithmetic; the GIL is released.");

@@ -17,6 +17,7 @@
 
 #include "../core/backends.hpp"
 #include "../core/checkpoint.hpp"
+#include "../core/mapped_file.hpp"
 #include "../core/onednn_thread.hpp"
 #include "../core/resize/resize.hpp"
 #include "../core/safetensors.hpp"
@@ -44,21 +45,9 @@ const char* version() noexcept {
   return SAPIENS_SEG_VERSION;
 }
 
-namespace {
-Image to_image(const cv::Mat& rgb) {
-  Image img;
-  img.height = rgb.rows;
-  img.width = rgb.cols;
-  img.rgb.resize(rgb.total() * 3);
-  cv::Mat dst(rgb.rows, rgb.cols, CV_8UC3, img.rgb.data());
-  rgb.copyTo(dst);
-  return img;
-}
-}  // namespace
-
 Image read_image(const std::string& path) {
   try {
-    return to_image(io::decode_file(path));
+    return io::decode_image_file(path);
   } catch (...) {
     throw as_error(std::current_exception(), "reading " + path);
   }
@@ -66,7 +55,7 @@ Image read_image(const std::string& path) {
 
 Image read_image(const std::vector<std::uint8_t>& encoded) {
   try {
-    return to_image(io::decode_bytes(encoded, "encoded image"));
+    return io::decode_image(encoded.data(), encoded.size(), "encoded image");
   } catch (...) {
     throw as_error(std::current_exception(), "reading an encoded image");
   }
@@ -277,8 +266,8 @@ Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<C
   }
   if (opt.input_height > 0) hints.input_h = opt.input_height;
   if (opt.input_width > 0) hints.input_w = opt.input_width;
-  // The file stays mapped while the network holds views of it (CPU float32 weights are used in
-  // place; other devices and dtypes get one converted copy each).
+  // The file's bytes, read once into private memory, stay while the network holds views of them
+  // (CPU float32 weights are used in place; other devices and dtypes get one converted copy each).
   const auto file = core::SafetensorsFile::open(path);
   core::TensorMap tensors;
   core::v2::Config cfg;
@@ -322,6 +311,10 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   std::string path, sha256;
   if (looks_like_path(id_or_path)) {
     path = id_or_path;
+    // A directory, FIFO, socket or device is refused by what it is, before anything opens it (a
+    // FIFO would block the hashing below until a writer came).
+    std::error_code ec;
+    if (fs::exists(path, ec)) core::check_regular_file(path, "checkpoint");
     // A file that is a known checkpoint (by name) is held to its card: licence and hash.
     card = io::card_for_file_name(path);
     if (card) {
@@ -518,7 +511,9 @@ std::vector<Result> segment_unguarded(const Model::Impl& m, std::span<const Inpu
   inputs.reserve(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
     auto t0 = Clock::now();
-    cv::Mat rgb = io::load_input(batch[i], describe(batch[i], i));
+    io::LoadedInput loaded = io::load_input(batch[i], describe(batch[i], i));
+    const cv::Mat& rgb = loaded.rgb;
+    results[i].warnings = std::move(loaded.decoded.warnings);
     results[i].timings.decode = ms_since(t0);
     results[i].height = rgb.rows;
     results[i].width = rgb.cols;

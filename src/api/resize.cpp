@@ -20,9 +20,8 @@ core::Interp to_core(Interpolation i) {
   }
   return core::Interp::kLinear;
 }
-}  // namespace
 
-Image resize(ImageView image, int height, int width, const ResizeOptions& options) {
+Image resize_unguarded(ImageView image, int height, int width, const ResizeOptions& options) {
   const cv::Mat src = io::wrap_view(image, "resize input", /*min_side=*/1);
   if (height < 1 || width < 1 || static_cast<std::int64_t>(height) * width > io::kMaxPixels) {
     throw Error(ErrorCode::kInvalidInput, "resize: the output size " + std::to_string(width) + "x" +
@@ -49,6 +48,17 @@ Image resize(ImageView image, int height, int width, const ResizeOptions& option
   const at::Tensor got = core::resize_tensor(host.to(device), height, width, interp, flavor);
   at::from_blob(out.rgb.data(), {height, width, 3}, at::kByte).copy_(got);
   return out;
+}
+
+}  // namespace
+
+Image resize(ImageView image, int height, int width, const ResizeOptions& options) {
+  // LibTorch (the device path, its allocator) throws its own types; callers get the library's.
+  try {
+    return resize_unguarded(image, height, width, options);
+  } catch (...) {
+    throw as_error(std::current_exception(), "resize");
+  }
 }
 
 }  // namespace sapiens_seg

@@ -17,7 +17,8 @@
 
 namespace sapiens_seg {
 
-SystemInfo system_info() {
+namespace {
+SystemInfo system_info_unguarded() {
   SystemInfo s;
   s.version = SAPIENS_SEG_VERSION;
   s.torch_version = TORCH_VERSION;
@@ -57,6 +58,17 @@ SystemInfo system_info() {
   s.wheel_cubic_path = core::resize_detail::to_string(core::resize_detail::wheel_ipp_path());
   s.card_dirs = io::card_dirs();
   return s;
+}
+}  // namespace
+
+SystemInfo system_info() {
+  // LibTorch's device queries and the CPU probes may throw their own types (a broken CUDA
+  // driver, no memory for a thread pool); callers get the library's.
+  try {
+    return system_info_unguarded();
+  } catch (...) {
+    throw as_error(std::current_exception(), "system_info");
+  }
 }
 
 }  // namespace sapiens_seg

@@ -146,7 +146,8 @@ nlohmann::json write_outputs(const Result& r, const Image& image, const OutputNa
             {"network", r.timings.network},
             {"postprocess", r.timings.postprocess},
             {"total", r.timings.total}}},
-          {"classes", class_counts(r)}};
+          {"classes", class_counts(r)},
+          {"warnings", image.warnings.empty() ? r.warnings : image.warnings}};
 }
 
 }  // namespace sapiens_seg::cli

@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/script.h>
 
+#include "mapped_file.hpp"
 #include "sapiens_seg/error.hpp"
 #include "torchscript_archive.hpp"
 
@@ -24,13 +25,9 @@ constexpr const char* kFirstAttention = "backbone.layers.0.attn";
 // archive at all" from "an archive cut short" (an interrupted copy), which LibTorch reports with
 // the same generic message.
 void check_zip_container(const std::string& path) {
+  // A FIFO would block the read below until a writer came.
+  check_regular_file(path, "checkpoint");
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
-  }
-  if (fs::is_directory(path, ec)) {
-    throw Error(ErrorCode::kInvalidInput, "checkpoint path is a directory: " + path);
-  }
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error(ErrorCode::kIo, "cannot open checkpoint " + path + ": " + std::strerror(errno));

@@ -1,5 +1,5 @@
-// Read-only memory maps of whole checkpoint files: tensors are used as views into the map (no
-// copy for CPU float32), so the map lives as long as any view holds `owner`.
+// Whole checkpoint files read into this process's private memory: tensors are used as views into
+// it (no second copy for CPU float32), so it lives as long as any view holds `owner`.
 #pragma once
 
 #include <cstddef>
@@ -10,24 +10,40 @@
 namespace sapiens_seg::core {
 
 struct MappedFile {
-  std::shared_ptr<const void> owner;  // unmaps when the last holder lets go
+  std::shared_ptr<const void> owner;  // frees the memory when the last holder lets go
   const std::uint8_t* data = nullptr;
   std::size_t size = 0;
 };
 
-// Maps `path` (a regular file). `what` names it in error messages ("checkpoint", "safetensors
-// file"). Error(kNotFound) when it does not exist, Error(kIo) for anything else. An empty file
-// comes back unmapped (data null, size 0) for the caller's parser to refuse in its own words.
-// A file truncated by someone else while mapped faults (SIGBUS) on access, as with any mmap-based
-// reader.
+// Throws unless `path` names a regular file (symbolic links followed), without opening it: a FIFO
+// would block an open() until a writer came, a device may have side effects on open. `what`
+// names the file in messages ("checkpoint", "image"). Error(kNotFound) when nothing is there,
+// Error(kInvalidInput) for a directory, FIFO, socket or device (the message says which),
+// Error(kIo) when it cannot be examined.
+void check_regular_file(const std::string& path, const std::string& what);
+
+// Reads all of `path` (a regular file, see check_regular_file) with pread() into anonymous
+// memory of this process, read-only from then on. `what` names it in error messages
+// ("checkpoint", "safetensors file").
+//
+// Why not a file mapping: a checkpoint rewritten in place while a model uses it (`cp new.pt2
+// model.pt2`) changed the weights under a running model, and one truncated by the copy killed the
+// process with SIGBUS on the next access (even the private, copied pages of a file mapping are
+// taken away by a truncation). A loaded model depends on the bytes it read, never on the file
+// again. A file cut short while it is read is an Error(kIo) naming it; so is one whose size or
+// modification time changed between the start and the end of the read (a copy in progress).
+// Error(kOutOfMemory) when the memory cannot be had. An empty file comes back empty (data null,
+// size 0) for the caller's parser to refuse in its own words.
 MappedFile map_file(const std::string& path, const std::string& what);
 
-// Drops this process's resident pages of [data, data + bytes) when that range lies inside a live
-// map_file mapping (whole pages only; the mapping stays valid, and a later read faults the pages
-// back in from the file). For weights that were converted to another dtype or copied to a device:
-// without it the file's pages stay counted in the process's RSS until the map is released, so a
-// bfloat16 load of a 20 GB float32 file would peak at 30 GB instead of 10. Returns the bytes
-// released (0 for memory that is not a file mapping, which is never touched).
+// Gives back the memory of the whole pages of [data, data + bytes) when that range lies inside
+// one live map_file buffer; bytes outside whole pages, and memory that is not such a buffer, are
+// never touched. For weights that were converted to another dtype or copied to a device: without
+// it the file's bytes would stay resident beside the converted copy until the model is released,
+// so a bfloat16 load of a 20 GB float32 file would peak at 30 GB instead of 10. The pages become
+// a read-only mapping of the same bytes of the file: should the range be read again (a second
+// network built from the same tensors), it faults in from the file as the file is then, so
+// release only what the model will not read again. Returns the bytes released.
 std::size_t release_mapped_pages(const void* data, std::size_t bytes);
 
 }  // namespace sapiens_seg::core

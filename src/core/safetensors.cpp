@@ -54,7 +54,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     parse_safetensors_header(none, m.size, path);
   }
   SafetensorsFile f;
-  f.owner_ = std::move(m.owner);  // every view holds the mapping
+  f.owner_ = std::move(m.owner);  // every view holds the bytes
   f.source_ = path;
   f.base_ = m.data;
   f.size_ = m.size;
@@ -101,7 +101,7 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
       }
     }
   } else if (reinterpret_cast<std::uintptr_t>(p) % element_size(ti.dtype) == 0) {
-    // Zero-copy: the deleter's only job is to keep the mapping alive as long as the tensor.
+    // Zero-copy: the deleter's only job is to keep the bytes alive as long as the tensor.
     // from_blob wants a mutable pointer; see the header about writing through views.
     return at::from_blob(
         const_cast<std::uint8_t*>(p), ti.shape, [keep = owner_](void*) {}, options);

@@ -1,6 +1,7 @@
-// Reading .safetensors checkpoints (the Sapiens2 releases): the file is memory-mapped and its
-// tensors are handed out as at::Tensor views over the mapping, so a 20 GB checkpoint costs no
-// copy until the weights are moved to their device or dtype.
+// Reading .safetensors checkpoints (the Sapiens2 releases): the file is read once into private
+// memory (map_file: a model never depends on the file again, so rewriting it under a running model
+// changes nothing) and its tensors are handed out as at::Tensor views over that memory, so a
+// 20 GB checkpoint costs no second copy unless the weights move to another device or dtype.
 #pragma once
 
 #include <cstddef>
@@ -22,9 +23,10 @@ at::ScalarType to_scalar_type(SafetensorsDtype dtype) noexcept;
 
 class SafetensorsFile {
  public:
-  // Maps `path` read-only (PROT_READ, MAP_PRIVATE) and checks its header. Throws
-  // Error(kNotFound) when it does not exist, Error(kIo) when it cannot be opened or mapped, and
-  // Error(kFormatError) naming the file (and the tensor) when it is malformed.
+  // Reads `path` (map_file) and checks its header. Throws Error(kNotFound) when it does not
+  // exist, Error(kInvalidInput) when it is not a regular file, Error(kIo) when it cannot be read
+  // or changes while it is read, and Error(kFormatError) naming the file (and the tensor) when
+  // it is malformed.
   static SafetensorsFile open(const std::string& path);
   // The same over bytes already in memory (tests, fuzzing, downloads); `source` names them in
   // messages. The tensors keep `bytes` alive.
@@ -39,9 +41,9 @@ class SafetensorsFile {
   const SafetensorsTensorInfo& info(const std::string& name) const;
 
   // The tensor `name` on the CPU, contiguous. When its data is suitably aligned for the element
-  // type it is a zero-copy view over the file's bytes that keeps the mapping alive; otherwise a
-  // copy. Views are READ-ONLY: the mapping is PROT_READ, so writing through one (in-place ops,
-  // copy_ into it) crashes the process; the file itself can never be changed (MAP_PRIVATE).
+  // type it is a zero-copy view over the file's bytes that keeps those bytes alive; otherwise a
+  // copy. Views are READ-ONLY: the memory is PROT_READ, so writing through one (in-place ops,
+  // copy_ into it) crashes the process; the file itself is never written.
   // Clone or convert a tensor before modifying it. BOOL tensors are always copied, after checking
   // that every byte is 0 or 1.
   at::Tensor tensor(const std::string& name) const;
@@ -52,7 +54,7 @@ class SafetensorsFile {
   // Every tensor by name, as tensor() gives them.
   TensorMap all() const;
 
-  // The file's bytes (the mapping or the buffer): tensor views point inside [data(),
+  // The file's bytes (as read, or the buffer): tensor views point inside [data(),
   // data()+size()).
   const std::uint8_t* data() const { return base_; }
   std::size_t size() const { return size_; }
@@ -61,7 +63,7 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::string source_;
-  std::shared_ptr<const void> owner_;  // the mapping or the buffer; shared with every view
+  std::shared_ptr<const void> owner_;  // the bytes read or the buffer; shared with every view
   const std::uint8_t* base_ = nullptr;
   std::size_t size_ = 0;
   SafetensorsHeader header_;

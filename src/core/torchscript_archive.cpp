@@ -75,7 +75,7 @@ TorchScriptArchive TorchScriptArchive::open(const std::string& path,
   MappedFile m = map_file(path, "checkpoint");
   if (m.size < 22) malformed(path, "the file is only " + std::to_string(m.size) + " bytes");
   TorchScriptArchive a;
-  a.owner_ = std::move(m.owner);  // every tensor view holds the mapping
+  a.owner_ = std::move(m.owner);  // every tensor view holds the bytes
   a.source_ = path;
   a.base_ = m.data;
   a.size_ = m.size;
@@ -117,8 +117,9 @@ void TorchScriptArchive::load_storages(const ArchiveOptions& options) {
     try {
       buf = at::empty({static_cast<std::int64_t>(r->uncompressed)}, at::kByte);
     } catch (const std::exception&) {
-      throw Error(ErrorCode::kIo, "cannot allocate " + std::to_string(r->uncompressed) +
-                                      " bytes to inflate record '" + r->name + "' of " + source_);
+      throw Error(ErrorCode::kOutOfMemory,
+                  "out of memory: cannot allocate " + std::to_string(r->uncompressed) +
+                      " bytes to inflate record '" + r->name + "' of " + source_);
     }
     core::read_record(base_, *r, buf.data_ptr<std::uint8_t>(), source_);
     inflated_.emplace(r->name.substr(5), std::move(buf));

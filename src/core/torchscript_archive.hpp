@@ -1,10 +1,9 @@
 // Reading the tensors of a TorchScript archive (the authors' *_torchscript.pt2 files) without
-// LibTorch's TorchScript loader: the zip file is memory-mapped, its layout decoded by
-// torchscript_format.hpp (nothing is executed, no code is compiled), every tensor record checked
-// against its CRC-32, and each tensor becomes a zero-copy view of its stored `data/<key>` record
-// (or of an owned, inflated copy when the record is deflated). Opening a 1.3 GB checkpoint costs
-// the page-table work and one CRC pass over its bytes instead of a copy plus a TorchScript
-// compilation.
+// LibTorch's TorchScript loader: the zip file is read into private memory (map_file), its layout
+// decoded by torchscript_format.hpp (nothing is executed, no code is compiled), every tensor record
+// checked against its CRC-32, and each tensor becomes a zero-copy view of its stored `data/<key>`
+// record (or of an owned, inflated copy when the record is deflated). Opening a 1.3 GB checkpoint
+// costs one read and one CRC pass over its bytes instead of a copy plus a TorchScript compilation.
 #pragma once
 
 #include <cstddef>
@@ -34,8 +33,9 @@ struct ArchiveOptions {
 
 class TorchScriptArchive {
  public:
-  // Maps `path` read-only and decodes its directory and data.pkl. Throws Error(kNotFound) when it
-  // does not exist, Error(kIo) when it cannot be read or mapped, Error(kFormatError) naming the
+  // Reads `path` (map_file) and decodes its directory and data.pkl. Throws Error(kNotFound) when
+  // it does not exist, Error(kInvalidInput) when it is not a regular file, Error(kIo) when it
+  // cannot be read or changes while it is read, Error(kFormatError) naming the
   // file (and the record or tensor) for anything malformed, and Error(kChecksumMismatch) naming
   // the record when one fails its CRC-32.
   static TorchScriptArchive open(const std::string& path, const ArchiveOptions& options = {});
@@ -54,7 +54,7 @@ class TorchScriptArchive {
 
   const std::vector<ArchiveTensor>& tensors() const { return layout_.tensors; }
   // A CPU tensor over the record's bytes. Zero-copy when the data is aligned for its element type;
-  // the view keeps the mapping alive and is READ-ONLY (the mapping is PROT_READ): convert or clone
+  // the view keeps the bytes alive and is READ-ONLY (the memory is PROT_READ): convert or clone
   // it before writing to it.
   at::Tensor tensor(const ArchiveTensor& t) const;
   TensorMap all() const;
@@ -69,7 +69,7 @@ class TorchScriptArchive {
   void load_storages(const ArchiveOptions& options);
 
   std::string source_;
-  std::shared_ptr<const void> owner_;  // the mapping or the buffer; shared with every view
+  std::shared_ptr<const void> owner_;  // the bytes read or the buffer; shared with every view
   const std::uint8_t* base_ = nullptr;
   std::size_t size_ = 0;
   ArchiveLayout layout_;

@@ -573,8 +573,9 @@ std::string read_record(const std::uint8_t* data, const ArchiveRecord& r,
   try {
     s.assign(r.uncompressed, '\0');
   } catch (const std::exception&) {  // std::bad_alloc, std::length_error
-    throw Error(ErrorCode::kIo, "cannot allocate " + std::to_string(r.uncompressed) +
-                                    " bytes to read record '" + r.name + "' of " + source);
+    throw Error(ErrorCode::kOutOfMemory, "out of memory: cannot allocate " +
+                                             std::to_string(r.uncompressed) +
+                                             " bytes to read record '" + r.name + "' of " + source);
   }
   read_record(data, r, reinterpret_cast<std::uint8_t*>(s.data()), source);
   return s;

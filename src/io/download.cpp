@@ -28,14 +28,24 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-long env_long(const char* name, long fallback) {
+// A tuning variable that is set must be a whole number in [lo, hi]: "5x" or "-1" retries would
+// otherwise be ignored, or read as 5, without a word.
+long env_long(const char* name, long fallback, long lo, long hi) {
   const std::string v = env(name);
   if (v.empty()) return fallback;
+  std::size_t used = 0;
+  long n = 0;
   try {
-    return std::stol(v);
+    n = std::stol(v, &used);
   } catch (const std::exception&) {
-    return fallback;
+    used = 0;
   }
+  if (used == 0 || used != v.size() || n < lo || n > hi) {
+    throw Error(ErrorCode::kInvalidInput, std::string(name) + "='" + v +
+                                              "' is not a whole number from " + std::to_string(lo) +
+                                              " to " + std::to_string(hi));
+  }
+  return n;
 }
 
 std::string errno_text(int err) {
@@ -245,6 +255,10 @@ DownloadResult download(const DownloadRequest& req) {
                 "refusing to download " + req.label + " over " + req.url +
                     ": only https (or http to this machine) is allowed");
   }
+  // Read before any file is created or locked: a malformed value fails the call at once.
+  const long max_attempts = env_long("SAPIENS_SEG_DOWNLOAD_RETRIES", 5, 0, 100) + 1;
+  const long backoff_ms = env_long("SAPIENS_SEG_RETRY_BASE_MS", 1000, 0, 600000);
+  const long low_speed_time = env_long("SAPIENS_SEG_LOW_SPEED_TIME", 60, 1, 86400);
   const fs::path dest(req.dest), part(req.dest + ".part");
   std::error_code ec;
   fs::create_directories(dest.parent_path(), ec);
@@ -296,9 +310,6 @@ DownloadResult download(const DownloadRequest& req) {
   const std::string token = env("HF_TOKEN");
   const bool send_token =
       (req.use_hf_token || env_flag("SAPIENS_SEG_USE_HF_TOKEN")) && !token.empty();
-  const long max_attempts = std::max(1L, env_long("SAPIENS_SEG_DOWNLOAD_RETRIES", 5) + 1);
-  const long backoff_ms = env_long("SAPIENS_SEG_RETRY_BASE_MS", 1000);
-  const long low_speed_time = env_long("SAPIENS_SEG_LOW_SPEED_TIME", 60);
   const char* protocols = loopback_http(req.url) ? "http,https" : "https";
   std::string last_error;
   bool resolve_failed_before = false;
@@ -403,7 +414,8 @@ DownloadResult download(const DownloadRequest& req) {
       }
     }
     if (attempt < max_attempts) {
-      const long wait = std::min(backoff_ms << (attempt - 1), 30000L);
+      // Capped before shifting: up to 100 retries would shift past the width of a long.
+      const long wait = attempt > 16 ? 30000L : std::min(backoff_ms << (attempt - 1), 30000L);
       log(Level::kWarn, req.label + ": " + last_error + "; retrying in " + std::to_string(wait) +
                             " ms (attempt " + std::to_string(attempt + 1) + " of " +
                             std::to_string(max_attempts) + ", " + std::to_string(have) +

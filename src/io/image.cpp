@@ -2,15 +2,20 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <new>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>  // cvtColor
 
+#include "../core/mapped_file.hpp"
 #include "image_header.hpp"
+#include "log.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::io {
@@ -20,16 +25,27 @@ namespace {
 constexpr std::size_t kMaxEncodedBytes = static_cast<std::size_t>(std::numeric_limits<int>::max());
 
 std::vector<std::uint8_t> read_all(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    throw Error(ErrorCode::kNotFound, "image not found: " + path);
+  // Refused before any open(): a FIFO would block until a writer came, a device may do
+  // something on open.
+  core::check_regular_file(path, "image");
+  // O_NONBLOCK in case the path became a FIFO since the check; the fstat refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR)
+      throw Error(ErrorCode::kNotFound, "image not found: " + path);
+    throw Error(ErrorCode::kIo, "cannot open image " + path + ": " + std::strerror(err));
   }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw Error(ErrorCode::kInvalidInput, "image path is a directory: " + path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw Error(ErrorCode::kIo, "cannot stat image " + path + ": " + std::strerror(errno));
   }
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error(ErrorCode::kIo, "cannot open image " + path + ": " + std::strerror(errno));
-  const auto size = static_cast<std::size_t>(in.tellg());
+  if (!S_ISREG(st.st_mode)) core::check_regular_file(path, "image");  // says what it is now
+  const auto size = static_cast<std::size_t>(st.st_size);
   if (size > kMaxEncodedBytes) {
     throw Error(ErrorCode::kInvalidInput, "cannot decode " + path + ": the file has " +
                                               std::to_string(size) +
@@ -42,10 +58,16 @@ std::vector<std::uint8_t> read_all(const std::string& path) {
     throw Error(ErrorCode::kOutOfMemory,
                 "out of memory reading " + path + " (" + std::to_string(size) + " bytes)");
   }
-  in.seekg(0);
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size))) {
-    throw Error(ErrorCode::kIo, "cannot read image " + path + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw Error(ErrorCode::kIo, "cannot read image " + path + ": " + std::strerror(errno));
+    if (n == 0) break;  // cut short since the fstat: decoded as the shorter file it now is
+    done += static_cast<std::size_t>(n);
   }
+  bytes.resize(done);
   return bytes;
 }
 
@@ -106,51 +128,145 @@ cv::Mat to_rgb8(const cv::Mat& m, const std::string& what) {
   return rgb;
 }
 
-cv::Mat decode_bytes(const std::uint8_t* data, std::size_t size, const std::string& what,
-                     std::int64_t max_pixels) {
+namespace {
+
+// BGR to RGB in place (cv::cvtColor makes no promise about a destination that is its source).
+void swap_red_blue(cv::Mat& m) {
+  for (int y = 0; y < m.rows; ++y) {
+    std::uint8_t* p = m.ptr<std::uint8_t>(y);
+    for (int x = 0; x < m.cols; ++x, p += 3) std::swap(p[0], p[2]);
+  }
+}
+
+// cv::flip codes for EXIF orientations 2-4 and, after a transpose, 5-8 (the EXIF 2.3 table, as
+// OpenCV's ApplyExifOrientation and Pillow's exif_transpose read it). 2 means none.
+int flip_code(int orientation) {
+  switch (orientation) {
+    case 2:
+    case 6:
+      return 1;  // left-right
+    case 3:
+    case 7:
+      return -1;  // both
+    case 4:
+    case 8:
+      return 0;  // top-bottom
+    default:
+      return 2;
+  }
+}
+
+// The decode, into 8-bit 3-channel buffers that `alloc(height, width)` hands out (one, or two for
+// an EXIF quarter turn); returns the one holding the image.
+template <typename Alloc>
+cv::Mat decode_into(const std::uint8_t* data, std::size_t size, const std::string& what,
+                    std::int64_t max_pixels, Alloc&& alloc, std::vector<std::string>& warnings) {
   if (size == 0) throw Error(ErrorCode::kInvalidInput, what + " is empty (0 bytes)");
   if (size > kMaxEncodedBytes) {
     throw Error(ErrorCode::kInvalidInput, "cannot decode " + what + ": " + std::to_string(size) +
                                               " bytes, above the decoder's limit of 2 GiB");
   }
   // Refused before a single pixel is decoded: a few kilobytes can describe gigapixels.
-  const ImageHeader header = read_image_header(data, size, what);
+  ImageHeader header = read_image_header(data, size, what);
   check_size(header.height, header.width, what, max_pixels);
-  if (header.format == ImageFormat::kJpeg) check_jpeg_complete(data, size, what);
-  cv::Mat rgb;
+  check_jpeg_data_size(header, size, what);
+  warnings = std::move(header.warnings);
+  if (header.format == ImageFormat::kJpeg) {
+    for (auto& w : check_jpeg_complete(data, size, what)) warnings.push_back(std::move(w));
+  }
+  const int height = static_cast<int>(header.height), width = static_cast<int>(header.width);
   try {
+    cv::Mat target = alloc(height, width);
+    cv::Mat bgr = target;
     const cv::Mat buf(1, static_cast<int>(size), CV_8U, const_cast<std::uint8_t*>(data));
-    const cv::Mat bgr = cv::imdecode(buf, cv::IMREAD_COLOR);
+    cv::imdecode(buf, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION, &bgr);
     if (bgr.empty()) {
       throw Error(ErrorCode::kInvalidInput,
                   "cannot decode " + what + ": corrupt " + format_name(header.format) + " data");
     }
-    // The decoder must have decoded the image whose header was checked (EXIF orientation may
-    // swap the sides).
-    const bool same = (bgr.cols == header.width && bgr.rows == header.height) ||
-                      (bgr.cols == header.height && bgr.rows == header.width);
-    if (!same) {
+    // The decoder must have decoded the image whose header was checked; libtiff may have turned
+    // a TIFF by its own orientation tag, swapping the sides.
+    const bool same = bgr.cols == width && bgr.rows == height;
+    if (!same && !(bgr.cols == height && bgr.rows == width)) {
       throw Error(ErrorCode::kInvalidInput,
                   "cannot decode " + what + ": its " + format_name(header.format) +
-                      " header says " + size_text(header.width, header.height) +
-                      " but the decoder produced " + size_text(bgr.cols, bgr.rows));
+                      " header says " + size_text(width, height) + " but the decoder produced " +
+                      size_text(bgr.cols, bgr.rows));
     }
-    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    if (bgr.data != target.data || bgr.type() != CV_8UC3) {
+      // The decoder allocated its own (other sides): moved into a buffer of ours.
+      cv::Mat own = alloc(bgr.rows, bgr.cols);
+      bgr.convertTo(own, CV_8UC3);
+      bgr = own;
+    }
+    target.release();
+    swap_red_blue(bgr);
+    const int o = header.orientation;
+    if (o >= 2 && o <= 4) {
+      cv::flip(bgr, bgr, flip_code(o));  // row and pixel swaps: in place
+    } else if (o >= 5 && o <= 8) {
+      cv::Mat turned = alloc(bgr.cols, bgr.rows);
+      cv::transpose(bgr, turned);
+      bgr.release();
+      if (o != 5) cv::flip(turned, turned, flip_code(o));
+      bgr = turned;
+    }
+    for (const auto& w : warnings) log(Level::kWarn, what + ": " + w);
+    return bgr;
   } catch (const cv::Exception& e) {
     rethrow_cv(e, what);
   } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::kOutOfMemory, "out of memory decoding " + what + " (" +
-                                             size_text(header.width, header.height) + ")");
+    throw Error(ErrorCode::kOutOfMemory,
+                "out of memory decoding " + what + " (" + size_text(width, height) + ")");
   }
-  return rgb;
 }
 
-cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what) {
-  return decode_bytes(bytes.data(), bytes.size(), what, kMaxPixels);
+}  // namespace
+
+Image decode_image(const std::uint8_t* data, std::size_t size, const std::string& what,
+                   std::int64_t max_pixels) {
+  // At most two buffers (a quarter turn needs a second); the image ends in the last one.
+  std::vector<std::uint8_t> buffers[2];
+  int used = 0;
+  const auto alloc = [&](int h, int w) {
+    if (used == 2) throw Error(ErrorCode::kInternal, "decode_image: a third buffer");
+    std::vector<std::uint8_t>& b = buffers[used++];
+    b.resize(static_cast<std::size_t>(h) * static_cast<std::size_t>(w) * 3);
+    return cv::Mat(h, w, CV_8UC3, b.data());
+  };
+  Image img;
+  const cv::Mat m = decode_into(data, size, what, max_pixels, alloc, img.warnings);
+  for (auto& b : buffers) {
+    if (!b.empty() && b.data() == m.data) img.rgb = std::move(b);
+  }
+  if (img.rgb.empty()) throw Error(ErrorCode::kInternal, "decode_image lost its buffer");
+  img.height = m.rows;
+  img.width = m.cols;
+  return img;
 }
 
-cv::Mat decode_file(const std::string& path) {
-  return decode_bytes(read_all(path), path);
+Image decode_image_file(const std::string& path) {
+  const std::vector<std::uint8_t> bytes = read_all(path);
+  return decode_image(bytes.data(), bytes.size(), path, kMaxPixels);
+}
+
+cv::Mat decode_bytes(const std::uint8_t* data, std::size_t size, const std::string& what,
+                     std::int64_t max_pixels, std::vector<std::string>* warnings) {
+  std::vector<std::string> kept;
+  const auto alloc = [](int h, int w) { return cv::Mat(h, w, CV_8UC3); };
+  cv::Mat m = decode_into(data, size, what, max_pixels, alloc, kept);
+  if (warnings) *warnings = std::move(kept);
+  return m;
+}
+
+cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what,
+                     std::vector<std::string>* warnings) {
+  return decode_bytes(bytes.data(), bytes.size(), what, kMaxPixels, warnings);
+}
+
+cv::Mat decode_file(const std::string& path, std::vector<std::string>* warnings) {
+  const std::vector<std::uint8_t> bytes = read_all(path);
+  return decode_bytes(bytes.data(), bytes.size(), path, kMaxPixels, warnings);
 }
 
 cv::Mat wrap_view(const ImageView& v, const std::string& what, int min_side) {
@@ -163,16 +279,21 @@ cv::Mat wrap_view(const ImageView& v, const std::string& what, int min_side) {
   return cv::Mat(v.height, v.width, CV_8UC3, const_cast<std::uint8_t*>(v.data), stride);
 }
 
-cv::Mat load_input(const Input& input, const std::string& what) {
+LoadedInput load_input(const Input& input, const std::string& what) {
+  LoadedInput in;
   switch (input.kind()) {
     case Input::Kind::kFile:
-      return decode_file(input.path());
+      in.decoded = decode_image_file(input.path());
+      break;
     case Input::Kind::kEncoded:
-      return decode_bytes(input.bytes(), what);
+      in.decoded = decode_image(input.bytes().data(), input.bytes().size(), what);
+      break;
     case Input::Kind::kRgb:
-      return wrap_view(input.view(), what);
+      in.rgb = wrap_view(input.view(), what);
+      return in;
   }
-  throw Error(ErrorCode::kInternal, "unknown input kind");
+  in.rgb = cv::Mat(in.decoded.height, in.decoded.width, CV_8UC3, in.decoded.rgb.data());
+  return in;
 }
 
 }  // namespace sapiens_seg::io

@@ -45,6 +45,11 @@ struct JpegErrors {
   int fatal_code;
   bool premature_end;  // the data ended before the end-of-image marker
   bool data_stops;     // an entropy-coded segment ended before its last block (or resync)
+  // The other warnings' texts, each once (a damaged file can repeat one per block); a fixed
+  // array, as nothing with a destructor may live across the setjmp.
+  static constexpr int kMaxKept = 8;
+  char kept[kMaxKept][JMSG_LENGTH_MAX];
+  int n_kept;
 };
 
 extern "C" void jpeg_fatal(j_common_ptr cinfo) {
@@ -63,12 +68,20 @@ extern "C" void jpeg_warning(j_common_ptr cinfo, int level) {
   if (code == JWRN_JPEG_EOF) e->premature_end = true;
   if (code == JWRN_HIT_MARKER || code == JWRN_MUST_RESYNC) e->data_stops = true;
   ++cinfo->err->num_warnings;
+  char text[JMSG_LENGTH_MAX];
+  (*cinfo->err->format_message)(cinfo, text);
+  for (int i = 0; i < e->n_kept; ++i)
+    if (std::strcmp(e->kept[i], text) == 0) return;
+  if (e->n_kept < JpegErrors::kMaxKept) std::memcpy(e->kept[e->n_kept++], text, sizeof text);
 }
 
 struct JpegRun {
   jpeg_decompress_struct cinfo;
   JpegErrors err;
   JDIMENSION width, height;
+  std::uint64_t blocks;      // 8x8 blocks of all components, each coded with >= 1 bit
+  std::uint64_t coef_bytes;  // libjpeg's whole-image coefficient buffers, when it needs them
+  bool arithmetic, multiscan;
 };
 
 // Reads the header, and with `all_data` decodes everything up to the end-of-image marker.
@@ -91,6 +104,16 @@ bool run_libjpeg(JpegRun* r, const std::uint8_t* data, std::size_t size, bool al
   }
   r->width = r->cinfo.image_width;
   r->height = r->cinfo.image_height;
+  // jpeg_read_header has laid out the components (it stops at the first scan's header).
+  r->arithmetic = r->cinfo.arith_code != 0;
+  r->multiscan = jpeg_has_multiple_scans(&r->cinfo) != 0;
+  for (int c = 0; c < r->cinfo.num_components; ++c) {
+    const jpeg_component_info& ci = r->cinfo.comp_info[c];
+    const std::uint64_t w = ci.width_in_blocks, h = ci.height_in_blocks;
+    r->blocks += w * h;
+    const auto up = [](std::uint64_t n, int m) { return (n + m - 1) / m * m; };
+    r->coef_bytes += up(w, ci.h_samp_factor) * up(h, ci.v_samp_factor) * sizeof(JBLOCK);
+  }
   if (all_data) {
     // The cheapest decode that still reads every entropy-coded segment: DC-only IDCT, no
     // chroma IDCT or upsampling.
@@ -120,6 +143,8 @@ struct PngSource {
   const std::uint8_t* data;
   std::size_t size, pos;
   char message[256];
+  char warning[2][256];  // the first two warnings (fixed arrays: see the note on setjmp)
+  int n_warnings;
 };
 
 extern "C" void png_read_mem(png_structp png, png_bytep out, png_size_t n) {
@@ -135,11 +160,13 @@ extern "C" void png_fatal(png_structp png, png_const_charp message) {
   png_longjmp(png, 1);
 }
 
-extern "C" void png_ignore_warning(png_structp, png_const_charp) {}
+extern "C" void png_keep_warning(png_structp png, png_const_charp message) {
+  auto* s = static_cast<PngSource*>(png_get_error_ptr(png));
+  if (s->n_warnings < 2) std::snprintf(s->warning[s->n_warnings++], 256, "%s", message);
+}
 
 bool run_libpng(PngSource* src, png_uint_32* width, png_uint_32* height) {
-  png_structp png =
-      png_create_read_struct(PNG_LIBPNG_VER_STRING, src, png_fatal, png_ignore_warning);
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, src, png_fatal, png_keep_warning);
   if (png == nullptr) {
     std::snprintf(src->message, sizeof src->message, "out of memory");
     return false;
@@ -235,6 +262,75 @@ bool run_libtiff(TiffSource* src, std::uint32_t* width, std::uint32_t* height) {
   return ok;
 }
 
+// ---- sizes and EXIF ----------------------------------------------------------------------
+
+std::uint32_t load(const std::uint8_t* p, int bytes, bool little) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < bytes; ++i) {
+    const int k = little ? bytes - 1 - i : i;
+    v = (v << 8) | p[k];
+  }
+  return v;
+}
+
+// EXIF payloads are sometimes stored with the "Exif\0\0" prefix of JPEG's APP1 (WebP and PNG
+// writers differ); both are accepted.
+int orientation_of_payload(const std::uint8_t* p, std::size_t n) noexcept {
+  if (n >= 6 && std::memcmp(p, "Exif\0\0", 6) == 0) return exif_orientation(p + 6, n - 6);
+  return exif_orientation(p, n);
+}
+
+// The first APP1 "Exif" segment before the first scan.
+int jpeg_orientation(const std::uint8_t* d, std::size_t n) noexcept {
+  std::size_t pos = 2;
+  while (pos + 4 <= n) {
+    if (d[pos] != 0xFF) return 1;
+    const std::uint8_t marker = d[pos + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++pos;
+      continue;
+    }
+    if (marker == 0xD8 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
+      pos += 2;
+      continue;
+    }
+    if (marker == 0xDA || marker == 0xD9) return 1;  // start of scan, end of image
+    const std::size_t len = load(d + pos + 2, 2, false);
+    if (len < 2 || len > n - pos - 2) return 1;
+    if (marker == 0xE1 && len >= 8 && std::memcmp(d + pos + 4, "Exif\0\0", 6) == 0) {
+      return exif_orientation(d + pos + 10, len - 8);
+    }
+    pos += 2 + len;
+  }
+  return 1;
+}
+
+// The eXIf chunk.
+int png_orientation(const std::uint8_t* d, std::size_t n) noexcept {
+  std::size_t pos = 8;
+  while (pos + 12 <= n) {
+    const std::size_t len = load(d + pos, 4, false);
+    if (len > n - pos - 12) return 1;
+    const std::uint8_t* type = d + pos + 4;
+    if (std::memcmp(type, "eXIf", 4) == 0) return orientation_of_payload(d + pos + 8, len);
+    if (std::memcmp(type, "IEND", 4) == 0) return 1;
+    pos += 12 + len;
+  }
+  return 1;
+}
+
+// The RIFF "EXIF" chunk.
+int webp_orientation(const std::uint8_t* d, std::size_t n) noexcept {
+  std::size_t pos = 12;
+  while (pos + 8 <= n) {
+    const std::size_t len = load(d + pos + 4, 4, true);
+    if (len > n - pos - 8) return 1;
+    if (std::memcmp(d + pos, "EXIF", 4) == 0) return orientation_of_payload(d + pos + 8, len);
+    pos += 8 + len + (len & 1);  // chunks are padded to an even size
+  }
+  return 1;
+}
+
 }  // namespace
 
 const char* format_name(ImageFormat format) noexcept {
@@ -263,19 +359,28 @@ ImageHeader read_image_header(const std::uint8_t* d, std::size_t n, const std::s
     if (!run_libjpeg(&r, d, n, /*all_data=*/false)) bad_header(what, h.format, r.err.message);
     h.width = r.width;
     h.height = r.height;
+    h.jpeg_blocks = r.blocks;
+    h.jpeg_coef_bytes = r.coef_bytes;
+    h.jpeg_arithmetic = r.arithmetic;
+    h.jpeg_multiscan = r.multiscan;
+    h.orientation = jpeg_orientation(d, n);
   } else if (starts_with(d, n, "\x89PNG\r\n\x1A\n", 8)) {
     h.format = ImageFormat::kPng;
-    PngSource src{d, n, 0, {}};
+    PngSource src{d, n, 0, {}, {}, 0};
     png_uint_32 w = 0, hh = 0;
     if (!run_libpng(&src, &w, &hh)) bad_header(what, h.format, src.message);
     h.width = w;
     h.height = hh;
+    for (int i = 0; i < src.n_warnings; ++i)
+      h.warnings.push_back(std::string("libpng: ") + src.warning[i]);
+    h.orientation = png_orientation(d, n);
   } else if (n >= 12 && starts_with(d, n, "RIFF", 4) && std::memcmp(d + 8, "WEBP", 4) == 0) {
     h.format = ImageFormat::kWebp;
     int w = 0, hh = 0;
     if (!WebPGetInfo(d, n, &w, &hh)) bad_header(what, h.format, "libwebp cannot parse it");
     h.width = w;
     h.height = hh;
+    h.orientation = webp_orientation(d, n);
   } else if (starts_with(d, n, "II*\0", 4) || starts_with(d, n, "MM\0*", 4) ||
              starts_with(d, n, "II+\0", 4) || starts_with(d, n, "MM\0+", 4)) {
     h.format = ImageFormat::kTiff;
@@ -307,7 +412,55 @@ ImageHeader read_image_header(const std::uint8_t* d, std::size_t n, const std::s
   return h;
 }
 
-void check_jpeg_complete(const std::uint8_t* data, std::size_t size, const std::string& what) {
+void check_jpeg_data_size(const ImageHeader& h, std::size_t size, const std::string& what) {
+  if (h.format != ImageFormat::kJpeg) return;
+  const std::string dims = std::to_string(h.width) + "x" + std::to_string(h.height);
+  if (!h.jpeg_arithmetic && size < h.jpeg_blocks / 8) {
+    throw Error(ErrorCode::kInvalidInput,
+                "cannot decode " + what + ": truncated JPEG (its header describes " + dims + ", " +
+                    std::to_string(h.jpeg_blocks) + " blocks of 8x8 pixels, which need at least " +
+                    std::to_string(h.jpeg_blocks / 8) + " bytes of image data; the file has " +
+                    std::to_string(size) + ")");
+  }
+  constexpr std::uint64_t kCoefFloor = std::uint64_t{256} << 20, kCoefPerByte = 1024;
+  if (h.jpeg_arithmetic && h.jpeg_multiscan && h.jpeg_coef_bytes > kCoefFloor &&
+      h.jpeg_coef_bytes / kCoefPerByte > size) {
+    throw Error(ErrorCode::kInvalidInput,
+                "cannot decode " + what + ": its arithmetic-coded JPEG header describes " + dims +
+                    ", whose decoding buffers (" + std::to_string(h.jpeg_coef_bytes >> 20) +
+                    " MiB) are out of all proportion to the file's " + std::to_string(size) +
+                    " bytes");
+  }
+}
+
+int exif_orientation(const std::uint8_t* p, std::size_t n) noexcept {
+  if (n < 8) return 1;
+  bool little;
+  if (p[0] == 'I' && p[1] == 'I') {
+    little = true;
+  } else if (p[0] == 'M' && p[1] == 'M') {
+    little = false;
+  } else {
+    return 1;
+  }
+  if (load(p + 2, 2, little) != 42) return 1;
+  const std::size_t ifd = load(p + 4, 4, little);
+  if (ifd > n - 2) return 1;
+  const std::size_t entries = load(p + ifd, 2, little);
+  for (std::size_t i = 0; i < entries; ++i) {
+    const std::size_t e = ifd + 2 + 12 * i;
+    if (e > n - 12) break;
+    if (load(p + e, 2, little) != 0x0112) continue;
+    // A SHORT with one value, stored in the entry itself.
+    if (load(p + e + 2, 2, little) != 3 || load(p + e + 4, 4, little) < 1) return 1;
+    const std::uint32_t v = load(p + e + 8, 2, little);
+    return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
+  }
+  return 1;
+}
+
+std::vector<std::string> check_jpeg_complete(const std::uint8_t* data, std::size_t size,
+                                             const std::string& what) {
   JpegRun r;
   if (!run_libjpeg(&r, data, size, /*all_data=*/true)) {
     if (r.err.fatal_code == JERR_OUT_OF_MEMORY) {
@@ -327,6 +480,10 @@ void check_jpeg_complete(const std::uint8_t* data, std::size_t size, const std::
                 "cannot decode " + what +
                     ": corrupt JPEG (its image data stops early; the rest would be grey)");
   }
+  std::vector<std::string> warnings;
+  for (int i = 0; i < r.err.n_kept; ++i)
+    warnings.push_back(std::string("libjpeg: ") + r.err.kept[i]);
+  return warnings;
 }
 
 }  // namespace sapiens_seg::io

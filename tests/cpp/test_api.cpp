@@ -2,9 +2,17 @@
 // authors' recipe, batches, input kinds, errors, cards and weights, threads.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -564,4 +572,105 @@ TEST(UnitApi, OutOfMemoryInsideOneDnnLeavesTheModelUsableOnTheSameThread) {
   }
   ASSERT_TRUE(spoilt) << "no cap made oneDNN itself fail; the last answer: " << last;
   EXPECT_EQ(spoilt->rfind("same | out_of_memory: ", 0), 0u) << *spoilt;
+}
+
+namespace {
+
+fs::path scratch_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("sapiens_seg_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<std::uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+// A checkpoint rewritten or cut short while a model uses it (`cp new.pt2 model.pt2` caught
+// midway) changes nothing for that model, in either format: its weights were read into private
+// memory at load. (With a shared file mapping the rewrite changed the weights of the running
+// model, and the first call after the truncation died of SIGBUS.)
+TEST(UnitApi, ACheckpointChangedUnderfootDoesNotReachALoadedModel) {
+  const fs::path tmp = scratch_dir("underfoot");
+  const Input img = Input::file(fixture("images/synth_300x211.png"));
+  for (const char* name : {"tiny_a_torchscript.pt2", "s2_tiny.safetensors"}) {
+    const fs::path copy = tmp / (std::string("model") + fs::path(name).extension().string());
+    fs::copy_file(fixture(name), copy, fs::copy_options::overwrite_existing);
+    const Model m = load(copy.string(), {.mode = Mode::kPortable});
+    const Result before = m.segment(img, {.raw_logits = true});
+    {
+      // In place, the same size, other bytes: what a copy over the file writes.
+      std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+      const std::string junk(static_cast<std::size_t>(fs::file_size(copy)), '\x7f');
+      f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+    }
+    EXPECT_EQ(m.segment(img, {.raw_logits = true}).raw_logits, before.raw_logits) << name;
+    fs::resize_file(copy, 100);  // the copy's truncation, caught before its data
+    EXPECT_EQ(m.segment(img, {.raw_logits = true}).raw_logits, before.raw_logits) << name;
+    // A new load reads what is there now and refuses it: the archive as malformed, the
+    // safetensors file (held to the hash of its first use) as changed.
+    expect_error([&] { load(copy.string(), {.mode = Mode::kPortable}); },
+                 fs::path(name).extension() == ".pt2" ? ErrorCode::kFormatError
+                                                      : ErrorCode::kChecksumMismatch,
+                 {copy.filename().string()});
+  }
+  fs::remove_all(tmp);
+}
+
+// A FIFO, socket or device given as a checkpoint or an image is refused at once, by what it is:
+// opening a FIFO would block until a writer came (the call hung), and reading /dev/zero would
+// never end.
+TEST(UnitApi, NonRegularFilesAreRefusedWithoutBeingOpened) {
+  const fs::path tmp = scratch_dir("special");
+  const fs::path pipe_pt2 = tmp / "pipe.pt2", pipe_st = tmp / "pipe.safetensors",
+                 pipe_jpg = tmp / "pipe.jpg", sock_jpg = tmp / "sock.jpg";
+  for (const auto& p : {pipe_pt2, pipe_st, pipe_jpg}) ASSERT_EQ(mkfifo(p.c_str(), 0600), 0) << p;
+  const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock_jpg.c_str());
+  ASSERT_EQ(bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+
+  for (const auto& p : {pipe_pt2, pipe_st}) {
+    expect_error([&] { load(p.string()); }, ErrorCode::kInvalidInput,
+                 {p.filename().string(), "is a FIFO (named pipe), not a regular file"});
+  }
+  expect_error([] { load("/dev/zero"); }, ErrorCode::kInvalidInput,
+               {"/dev/zero", "character device"});
+  expect_error([&] { read_image(pipe_jpg.string()); }, ErrorCode::kInvalidInput,
+               {"pipe.jpg", "FIFO"});
+  expect_error([&] { read_image(sock_jpg.string()); }, ErrorCode::kInvalidInput,
+               {"sock.jpg", "socket"});
+  expect_error([] { read_image("/dev/zero"); }, ErrorCode::kInvalidInput, {"character device"});
+  const Model m = load(fixture("tiny_a_torchscript.pt2"));
+  expect_error([&] { m.segment(Input::file(pipe_jpg.string())); }, ErrorCode::kInvalidInput,
+               {"pipe.jpg", "FIFO"});
+  expect_error([&] { read_image((tmp / "missing.jpg").string()); }, ErrorCode::kNotFound,
+               {"missing.jpg"});
+  close(sock);
+  fs::remove_all(tmp);
+}
+
+// A JPEG that decodes with a libjpeg warning (as cv2.imread decodes it) says so in the result
+// and in read_image's image; a clean one has no warnings.
+TEST(UnitApi, DecoderWarningsReachTheResult) {
+  std::vector<std::uint8_t> jpg = read_bytes(fixture("images/astronaut.jpg"));
+  const Model m = load(fixture("tiny_a_torchscript.pt2"));
+  EXPECT_TRUE(m.segment(Input::encoded(jpg)).warnings.empty());
+  const std::vector<std::uint8_t> dht = {0xFF, 0xC4};
+  const auto at = std::search(jpg.begin(), jpg.end(), dht.begin(), dht.end());
+  ASSERT_NE(at, jpg.end());
+  jpg.insert(at, {0x01, 0x02});
+  const Result r = m.segment(Input::encoded(jpg));
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("Corrupt JPEG data: 2 extraneous bytes before marker 0xc4"),
+            std::string::npos)
+      << r.warnings[0];
+  EXPECT_EQ(read_image(jpg).warnings, r.warnings);
 }

@@ -4,6 +4,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <fstream>
 #include <new>
 #include <optional>
 #include <string>
@@ -15,6 +19,7 @@
 #include <opencv2/core.hpp>
 
 #include "sapiens_seg/error.hpp"
+#include "sapiens_seg/sapiens_seg.hpp"
 #include "test_util.hpp"
 
 #if __has_include(<oneapi/dnnl/dnnl_common.hpp>)
@@ -31,6 +36,30 @@ Error convert(const E& e, const std::string& context = "ctx") {
     throw e;
   } catch (...) {
     return as_error(std::current_exception(), context);
+  }
+}
+
+// In a death-test child: runs `fn` with the address space limited to `extra` bytes above what
+// the process has, and exits 0 when it throws Error(`code`); 2 when it returns, 3 for an Error of
+// another code, 4 for any other exception.
+template <typename Fn>
+[[noreturn]] void exit_under_memory_limit(std::uint64_t extra, ErrorCode code, Fn fn) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  std::uint64_t vm_kb = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
+  }
+  rlimit rl{};
+  rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>((vm_kb << 10) + extra);
+  setrlimit(RLIMIT_AS, &rl);
+  try {
+    fn();
+    std::_Exit(2);
+  } catch (const Error& e) {
+    std::_Exit(e.code() == code ? 0 : 3);
+  } catch (...) {
+    std::_Exit(4);
   }
 }
 
@@ -150,4 +179,18 @@ TEST(UnitErrors, OneDnnStatusesOtherThanMemoryStayInternal) {
 #else
   GTEST_SKIP() << "LibTorch ships no oneDNN header here";
 #endif
+}
+
+// The public functions that call LibTorch or allocate turn what those throw into the library's
+// Error: resize under an address-space limit reports out_of_memory (it let std::bad_alloc
+// through), in a child process.
+TEST(UnitErrors, ResizeReportsAnAllocationFailureAsOutOfMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::vector<std::uint8_t> px(32 * 32 * 3, 7);
+  EXPECT_EXIT(exit_under_memory_limit(std::uint64_t{64} << 20, ErrorCode::kOutOfMemory,
+                                      [&] {
+                                        resize(ImageView{px.data(), 32, 32, 0}, 16000, 16000);
+                                      }),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_NO_THROW(system_info());
 }

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -346,4 +349,206 @@ TEST(UnitImageInput, FilesAboveTwoGibibytesAreRefusedUnread) {
   expect_error([&] { io::decode_file(f.string()); }, ErrorCode::kInvalidInput,
                {"sparse.png", "2 GiB"});
   fs::remove_all(d);
+}
+
+namespace {
+
+// EXIF data in its TIFF layout with one IFD0 entry: Orientation = `o`.
+Bytes exif_tiff(int o) {
+  return {'I',
+          'I',
+          0x2A,
+          0,
+          8,
+          0,
+          0,
+          0,
+          1,
+          0,
+          0x12,
+          0x01,
+          3,
+          0,
+          1,
+          0,
+          0,
+          0,
+          static_cast<std::uint8_t>(o),
+          0,
+          0,
+          0,
+          0,
+          0,
+          0,
+          0};
+}
+
+Bytes jpeg_with_orientation(const cv::Mat& bgr, int o) {
+  Bytes b = encode(bgr, ".jpg", {cv::IMWRITE_JPEG_QUALITY, 95});
+  const Bytes tiff = exif_tiff(o);
+  Bytes app1 = {0xFF, 0xE1, 0, static_cast<std::uint8_t>(2 + 6 + tiff.size()), 'E', 'x', 'i',
+                'f',  0,    0};
+  app1.insert(app1.end(), tiff.begin(), tiff.end());
+  b.insert(b.begin() + 2, app1.begin(), app1.end());
+  return b;
+}
+
+// eXIf goes before the first IDAT.
+Bytes png_with_orientation(const cv::Mat& bgr, int o) {
+  const Bytes png = encode(bgr, ".png");
+  const std::size_t idat = find(png, {'I', 'D', 'A', 'T'}) - 4;
+  Bytes b(png.begin(), png.begin() + static_cast<long>(idat));
+  png_chunk(b, "eXIf", exif_tiff(o));
+  b.insert(b.end(), png.begin() + static_cast<long>(idat), png.end());
+  return b;
+}
+
+// The extended format: VP8X (with the EXIF flag), the lossless image chunk, then EXIF.
+Bytes webp_with_orientation(const cv::Mat& bgr, int o) {
+  const Bytes simple = encode(bgr, ".webp", {cv::IMWRITE_WEBP_QUALITY, 101});  // lossless
+  const Bytes image(simple.begin() + 12, simple.end());                        // its one chunk
+  Bytes body = {'W', 'E', 'B', 'P', 'V', 'P', '8', 'X'};
+  put32le(body, 10);
+  body.insert(body.end(), {0x08, 0, 0, 0});  // flags: EXIF
+  for (int v : {bgr.cols - 1, bgr.rows - 1}) {
+    body.insert(body.end(), {static_cast<std::uint8_t>(v), static_cast<std::uint8_t>(v >> 8),
+                             static_cast<std::uint8_t>(v >> 16)});
+  }
+  body.insert(body.end(), image.begin(), image.end());
+  const Bytes tiff = exif_tiff(o);
+  body.insert(body.end(), {'E', 'X', 'I', 'F'});
+  put32le(body, static_cast<std::uint32_t>(tiff.size()));
+  body.insert(body.end(), tiff.begin(), tiff.end());
+  Bytes b = {'R', 'I', 'F', 'F'};
+  put32le(b, static_cast<std::uint32_t>(body.size()));
+  b.insert(b.end(), body.begin(), body.end());
+  return b;
+}
+
+// What orientation `o` makes of the stored picture, by the EXIF 2.3 table.
+cv::Mat oriented(const cv::Mat& m, int o) {
+  cv::Mat out;
+  switch (o) {
+    case 2:
+      cv::flip(m, out, 1);
+      return out;
+    case 3:
+      cv::flip(m, out, -1);
+      return out;
+    case 4:
+      cv::flip(m, out, 0);
+      return out;
+    case 5:
+      cv::transpose(m, out);
+      return out;
+    case 6:
+      cv::rotate(m, out, cv::ROTATE_90_CLOCKWISE);
+      return out;
+    case 7:
+      cv::transpose(m, out);
+      cv::flip(out, out, -1);
+      return out;
+    case 8:
+      cv::rotate(m, out, cv::ROTATE_90_COUNTERCLOCKWISE);
+      return out;
+    default:
+      return m.clone();
+  }
+}
+
+// In a death-test child: runs `fn` with the address space limited to `extra` bytes above what
+// the process has, and exits 0 when it throws Error(`code`); 2 when it returns, 3 for an Error of
+// another code, 4 for any other exception.
+template <typename Fn>
+[[noreturn]] void exit_under_memory_limit(std::uint64_t extra, ErrorCode code, Fn fn) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  std::uint64_t vm_kb = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
+  }
+  rlimit rl{};
+  rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>((vm_kb << 10) + extra);
+  setrlimit(RLIMIT_AS, &rl);
+  try {
+    fn();
+    std::_Exit(2);
+  } catch (const Error& e) {
+    std::_Exit(e.code() == code ? 0 : 3);
+  } catch (...) {
+    std::_Exit(4);
+  }
+}
+
+// A progressive JPEG whose frame header (SOF2) is patched to say w x h: a kilobyte.
+Bytes progressive_jpeg_claiming(std::uint16_t w, std::uint16_t h) {
+  Bytes b = encode(picture(64, 64), ".jpg", {cv::IMWRITE_JPEG_PROGRESSIVE, 1});
+  const std::size_t sof = find(b, {0xFF, 0xC2});
+  EXPECT_NE(sof, std::string::npos) << "no SOF2 in the encoded progressive JPEG";
+  if (sof == std::string::npos) return b;
+  b[sof + 5] = static_cast<std::uint8_t>(h >> 8);
+  b[sof + 6] = static_cast<std::uint8_t>(h);
+  b[sof + 7] = static_cast<std::uint8_t>(w >> 8);
+  b[sof + 8] = static_cast<std::uint8_t>(w);
+  return b;
+}
+
+}  // namespace
+
+// Every EXIF orientation of the formats that carry one in a way cv2.imread (opencv-python 5.0)
+// applies: JPEG (APP1), PNG (eXIf) and WebP (EXIF chunk). The expected pixels are the stored
+// picture turned by the EXIF table (tests/python/test_decode_robustness.py checks the same files
+// against the wheel itself).
+TEST(UnitImageInput, ExifOrientationOfJpegPngAndWebp) {
+  const cv::Mat bgr = picture(40, 64);  // not square: a quarter turn shows
+  struct Format {
+    const char* name;
+    Bytes (*make)(const cv::Mat&, int);
+  };
+  for (const Format& f :
+       {Format{"jpeg", jpeg_with_orientation}, Format{"png", png_with_orientation},
+        Format{"webp", webp_with_orientation}}) {
+    const cv::Mat upright = decode(f.make(bgr, 1), f.name);
+    for (int o = 1; o <= 8; ++o) {
+      const Bytes b = f.make(bgr, o);
+      EXPECT_EQ(header(b).orientation, o) << f.name << " " << o;
+      EXPECT_EQ(max_diff(decode(b, f.name), oriented(upright, o)), 0.0) << f.name << " " << o;
+    }
+  }
+}
+
+// libjpeg's warnings about a file it still decodes (as cv2.imread decodes it) are returned, not
+// printed: here three stray bytes between two header segments.
+TEST(UnitImageInput, DecoderWarningsAreReturned) {
+  Bytes jpg = encode(picture(64, 64), ".jpg");
+  std::vector<std::string> warnings;
+  io::decode_bytes(jpg, "clean", &warnings);
+  EXPECT_TRUE(warnings.empty());
+  const std::size_t dht = find(jpg, {0xFF, 0xC4});
+  ASSERT_NE(dht, std::string::npos);
+  jpg.insert(jpg.begin() + static_cast<long>(dht), {0x12, 0x34, 0x56});
+  const cv::Mat rgb = io::decode_bytes(jpg, "stray", &warnings);
+  EXPECT_EQ(rgb.rows, 64);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "libjpeg: Corrupt JPEG data: 3 extraneous bytes before marker 0xc4");
+  const Image img = io::decode_image(jpg.data(), jpg.size(), "stray");
+  EXPECT_EQ(img.warnings, warnings);
+}
+
+// A kilobyte of progressive JPEG whose header says 16000 x 16000 (256 MP, under the limit) is
+// refused from its header: libjpeg would allocate 1.2 GB of coefficient buffers before finding
+// the data missing. Checked under an address-space limit of 256 MiB above what the process
+// already has, in a child process.
+TEST(UnitImageInput, ProgressiveJpegBombIsRefusedBeforeItsBuffers) {
+  const Bytes bomb = progressive_jpeg_claiming(16000, 16000);
+  EXPECT_LT(bomb.size(), 4096u);
+  expect_error([&] { decode(bomb, "bomb.jpg"); }, ErrorCode::kInvalidInput,
+               {"bomb.jpg", "truncated JPEG", "16000x16000", "blocks of 8x8"});
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_under_memory_limit(std::uint64_t{256} << 20, ErrorCode::kInvalidInput,
+                                      [&] { decode(bomb, "bomb.jpg"); }),
+              ::testing::ExitedWithCode(0), "");
+  // A real progressive JPEG still decodes.
+  const cv::Mat small = picture(300, 200);
+  EXPECT_EQ(decode(encode(small, ".jpg", {cv::IMWRITE_JPEG_PROGRESSIVE, 1})).rows, 300);
 }

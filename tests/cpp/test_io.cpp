@@ -14,6 +14,7 @@
 
 #include "core/resize/resize.hpp"
 #include "core/tensor_ops.hpp"
+#include "io/download.hpp"
 #include "io/image.hpp"
 #include "io/npy.hpp"
 #include "io/paths.hpp"
@@ -609,4 +610,28 @@ TEST(UnitNpy, WritesWhatNumPyReads) {
   expect_error([&] { io::write_npy((d / "no" / "such" / "dir.npy").string(), "|u1", 1, {1}, "x"); },
                ErrorCode::kIo, {"cannot write"});
   EXPECT_FALSE(fs::exists(d / "no"));
+}
+
+// A tuning variable of the downloader that is set but malformed is an invalid-input error naming
+// it, before anything is created or fetched (it was read as its default without a word).
+TEST(UnitDownload, MalformedTuningVariablesAreInvalidInput) {
+  const auto d = temp_dir("retries");
+  io::DownloadRequest req;
+  req.url = "http://127.0.0.1:9/model.bin";  // nothing listens: a run that got there would fail
+  req.dest = (d / "model.bin").string();
+  req.label = "model.bin";
+  setenv("SAPIENS_SEG_RETRY_BASE_MS", "1", 1);
+  for (const char* bad : {"abc", "5x", "-1", "1000", " "}) {
+    setenv("SAPIENS_SEG_DOWNLOAD_RETRIES", bad, 1);
+    expect_error([&] { io::download(req); }, ErrorCode::kInvalidInput,
+                 {"SAPIENS_SEG_DOWNLOAD_RETRIES='" + std::string(bad) + "'", "whole number"});
+  }
+  unsetenv("SAPIENS_SEG_DOWNLOAD_RETRIES");
+  setenv("SAPIENS_SEG_LOW_SPEED_TIME", "0", 1);
+  expect_error([&] { io::download(req); }, ErrorCode::kInvalidInput,
+               {"SAPIENS_SEG_LOW_SPEED_TIME"});
+  unsetenv("SAPIENS_SEG_LOW_SPEED_TIME");
+  unsetenv("SAPIENS_SEG_RETRY_BASE_MS");
+  EXPECT_TRUE(fs::is_empty(d));
+  fs::remove_all(d);
 }

@@ -213,8 +213,8 @@ TEST(UnitSafetensors, GapsBetweenTensorsAreAccepted) {
 TEST(UnitSafetensors, MissingFilesAndNames) {
   expect_error([] { SafetensorsFile::open(::testing::TempDir() + "st_does_not_exist"); },
                ErrorCode::kNotFound, {"st_does_not_exist"});
-  expect_error([] { SafetensorsFile::open(::testing::TempDir()); }, ErrorCode::kIo,
-               {"not a regular file"});
+  expect_error([] { SafetensorsFile::open(::testing::TempDir()); }, ErrorCode::kInvalidInput,
+               {"is a directory, not a regular file"});
   const auto f = from_bytes(make_file("{}"));
   EXPECT_FALSE(f.contains("x"));
   expect_error([&] { f.tensor("x"); }, ErrorCode::kFormatError,
