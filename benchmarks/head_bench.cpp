@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
-#include "core/cpuid.hpp"
+#include "core/cpu/cpuid.hpp"
 #include "core/head/cpu_head.hpp"
 
 namespace {

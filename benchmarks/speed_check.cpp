@@ -60,11 +60,11 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include "core/backends.hpp"
-#include "core/checkpoint.hpp"
+#include "core/backends/backends.hpp"
+#include "core/checkpoint/safetensors.hpp"
+#include "core/checkpoint/torchscript.hpp"
+#include "core/cpu/cpuid.hpp"
 #include "core/cpu/gemm.hpp"
-#include "core/cpuid.hpp"
-#include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
 #endif

@@ -15,11 +15,11 @@
 
 #include <opencv2/core.hpp>
 
-#include "../core/backends.hpp"
-#include "../core/checkpoint.hpp"
-#include "../core/onednn_thread.hpp"
+#include "../core/backends/backends.hpp"
+#include "../core/checkpoint/safetensors.hpp"
+#include "../core/checkpoint/torchscript.hpp"
+#include "../core/cpu/onednn_thread.hpp"
 #include "../core/resize/resize.hpp"
-#include "../core/safetensors.hpp"
 #include "../core/tensor_ops.hpp"
 #include "../core/v1/vit_seg.hpp"
 #include "../core/v2/sapiens2.hpp"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "layout.hpp"
+#include "checkpoint/layout.hpp"
 #include "sapiens_seg/error.hpp"
 #include "v2/sapiens2.hpp"
 

@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "backends.hpp"
+#include "backends/backends.hpp"
 #include "sapiens_seg/error.hpp"
 #ifdef SAPIENS_SEG_WITH_KERNELS
 #include "kernels/seg_up/head.hpp"

@@ -9,8 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "../cpu_vec.hpp"
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
+#include "../cpu/vec.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::head {

@@ -8,7 +8,7 @@
 // tests compare the two on one machine.
 #pragma once
 
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
 
 #ifdef SAPIENS_SEG_X86
 // AVX2 (with FMA, which every AVX2 CPU has: Haswell, Zen and later) for one function.

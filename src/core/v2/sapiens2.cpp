@@ -11,8 +11,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include "../attention/cpu_attention.hpp"
-#include "../layout.hpp"
-#include "../mapped_file.hpp"
+#include "../checkpoint/layout.hpp"
+#include "../checkpoint/mapped_file.hpp"
 #include "cpu_ops.hpp"
 #include "sapiens_seg/error.hpp"
 

@@ -6,7 +6,7 @@
 
 #include <tuple>
 
-#include "cpu_caps.hpp"
+#include "../cpu/cpuinfo.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core {

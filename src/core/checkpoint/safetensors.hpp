@@ -13,8 +13,8 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
-#include "checkpoint.hpp"
 #include "safetensors_header.hpp"
+#include "torchscript.hpp"
 
 namespace sapiens_seg::core {
 
