@@ -146,7 +146,7 @@ bool cpu_flag(const std::string& flag) {
   return false;
 }
 
-// The ISA flags that decide the CPU's fast dtypes (as in src/core/cpu_caps.cpp), for the record.
+// The ISA flags that decide the CPU's fast dtypes (as in src/core/cpu/cpuinfo.cpp), for the record.
 std::vector<std::string> isa_flags() {
   std::vector<std::string> out;
   for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",

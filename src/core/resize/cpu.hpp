@@ -1,5 +1,5 @@
-// Which instruction set the resizes' host loops run, from what the CPU can do (../cpuid.hpp): the
-// wheel's IPP code path depends on it too (wheel_cubic.hpp).
+// Which instruction set the resizes' host loops run, from what the CPU can do (../cpu/cpuid.hpp):
+// the wheel's IPP code path depends on it too (wheel_cubic.hpp).
 //
 // Wider code is compiled per function (SAPIENS_SEG_AVX2 below) and only called after host_simd()
 // said the CPU and the OS support it. Every vector loop has a portable twin with the same
