@@ -139,11 +139,6 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
   });
 }
 
-at::Tensor to_device(const at::Tensor& host, const c10::Device& device) {
-  if (device.is_cpu()) return host;
-  return host.pin_memory().to(device, /*non_blocking=*/true);
-}
-
 at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,
                             const std::array<float, 3>& mean, const std::array<float, 3>& std,
                             Interp interp, CubicFlavor flavor) {

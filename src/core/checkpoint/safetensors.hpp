@@ -14,7 +14,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "safetensors_header.hpp"
-#include "torchscript.hpp"
+#include "tensor_map.hpp"
 
 namespace sapiens_seg::core {
 

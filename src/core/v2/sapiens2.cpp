@@ -40,11 +40,6 @@ std::string block_key(int64_t i, const char* rest) {
 
 }  // namespace
 
-at::Tensor rotate_half(const at::Tensor& t) {
-  const int64_t h = t.size(-1) / 2;
-  return at::cat({t.narrow(-1, h, h).neg(), t.narrow(-1, 0, h)}, -1);
-}
-
 // ---- key names -------------------------------------------------------------------------------
 
 bool has_hf_names(const TensorMap& tensors) {
