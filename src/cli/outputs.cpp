@@ -8,6 +8,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "cli/json_paths.hpp"
+#include "io/atomic_file.hpp"
 #include "io/npy.hpp"
 
 namespace sapiens_seg::cli {

@@ -26,6 +26,7 @@
 #include "cli/json_paths.hpp"
 #include "cli/outputs.hpp"
 #include "cli/queue.hpp"
+#include "io/atomic_file.hpp"
 #include "io/npy.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 

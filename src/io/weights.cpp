@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "atomic_file.hpp"
 #include "download.hpp"
 #include "log.hpp"
-#include "npy.hpp"
 #include "paths.hpp"
 #include "sapiens_seg/error.hpp"
 #include "sha256.hpp"
