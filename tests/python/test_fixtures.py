@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import zipfile
 from pathlib import Path
 
@@ -16,8 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
+from conftest import use_tools
+
+use_tools()
 
 import make_fixtures as mf  # noqa: E402
 
