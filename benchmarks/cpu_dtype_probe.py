@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Time float32, bfloat16 and float16 GEMMs and attention on this CPU, with oneDNN capped at each
-ISA level: the measurements behind the CPU dtype rule of src/core/cpu_caps.hpp.
+ISA level: the measurements behind the CPU dtype rule of src/core/cpu/cpuinfo.hpp.
 
 LibTorch runs a bfloat16/float16 linear through oneDNN only where oneDNN has a code path for the
 dtype on this CPU, else through a scalar fallback (at::native::cpublas::cpublas_gemm_impl).

@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
-#include "core/cpuid.hpp"
+#include "core/cpu/cpuid.hpp"
 #include "core/head/cpu_head.hpp"
 
 namespace {
@@ -90,7 +90,7 @@ int run(int argc, char** argv) {
   }
   c10::InferenceMode guard;
   // bfloat16 only where the CPU has bf16 dot products: elsewhere LibTorch's bf16 GEMM is a scalar
-  // fallback and the library refuses the dtype (core/cpu_caps.hpp).
+  // fallback and the library refuses the dtype (core/cpu/cpuinfo.hpp).
   std::vector<at::ScalarType> dtypes{at::kFloat};
   if (sapiens_seg::core::host_cpu_features().avx512_bf16) dtypes.push_back(at::kBFloat16);
   nlohmann::json rows = nlohmann::json::array();

@@ -80,7 +80,7 @@ step_fixtures() {
 step_probe() {
   need_res
   # bf16/fp16 vs fp32 GEMM and attention with oneDNN capped at each ISA level: the CPU dtype
-  # rule's measurements (src/core/cpu_caps.hpp).
+  # rule's measurements (src/core/cpu/cpuinfo.hpp).
   "$PY" benchmarks/cpu_dtype_probe.py --json "$RES/cpu-dtype-probe.json"
 }
 

@@ -63,11 +63,12 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/script.h>
 
-#include "core/backends.hpp"
-#include "core/checkpoint.hpp"
+#include "core/backends/backends.hpp"
+#include "core/checkpoint/safetensors.hpp"
+#include "core/checkpoint/torchscript.hpp"
+#include "core/cpu/cpuid.hpp"
 #include "core/cpu/gemm.hpp"
-#include "core/cuda_graphs.hpp"
-#include "core/safetensors.hpp"
+#include "core/backends/cuda_graphs.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
 #ifdef SAPIENS_SEG_WITH_KERNELS
@@ -171,7 +172,7 @@ bool cpu_flag(const std::string& flag) {
   return false;
 }
 
-// The ISA flags that decide the CPU's fast dtypes (as in src/core/cpu_caps.cpp), for the record.
+// The ISA flags that decide the CPU's fast dtypes (as in src/core/cpu/cpuinfo.cpp), for the record.
 std::vector<std::string> isa_flags() {
   std::vector<std::string> out;
   for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",

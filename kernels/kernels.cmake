@@ -13,11 +13,11 @@ add_library(sapiens_seg_kernels STATIC
   ${CMAKE_SOURCE_DIR}/kernels/cudnn_hacc/attention.cpp
   ${CMAKE_SOURCE_DIR}/kernels/seg_up/seg_up.cu
   ${CMAKE_SOURCE_DIR}/kernels/seg_up/head.cpp
-  ${CMAKE_SOURCE_DIR}/src/core/kernels_runner.cpp
+  ${CMAKE_SOURCE_DIR}/src/core/backends/kernels_runner.cpp
   ${CMAKE_SOURCE_DIR}/src/core/kernel_ops.cpp
   ${CMAKE_SOURCE_DIR}/src/core/v1/kernels_schedule.cpp
   ${CMAKE_SOURCE_DIR}/src/core/v2/kernels_schedule.cpp
-  ${CMAKE_SOURCE_DIR}/src/core/cuda_graphs.cpp)
+  ${CMAKE_SOURCE_DIR}/src/core/backends/cuda_graphs.cpp)
 target_include_directories(sapiens_seg_kernels PUBLIC
   ${CMAKE_SOURCE_DIR}
   $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include>

@@ -1001,6 +1001,50 @@ def build_all(out_dir: Path, wide: bool = False, images: list[Path] | None = Non
     return result
 
 
+# ---- reuse: a run is not repeated while what it wrote stands as it left it ------------------
+# ctest runs fixtures.generate before every invocation that needs fixtures, and the wide ones
+# (minutes each) before every slow run: a run with the same arguments, the same generator code
+# and the same library versions writes the same bytes again, so it is skipped while every file
+# it wrote is still there unchanged. The record is <out>/.runs/<arguments' hash>.json.
+RUNS_DIR = ".runs"
+HASHED_MAX = 64 << 20  # larger files (the wide checkpoints) are checked by size and mtime
+
+
+def run_key(args: argparse.Namespace) -> tuple[str, str]:
+    """(record name, key): the arguments name the record; the key adds what the bytes depend on."""
+    named = json.dumps({"only": sorted(args.only) if args.only else None, "wide": args.wide,
+                        "images": sorted(str(Path(p).resolve()) for p in args.images)})
+    h = hashlib.sha256(named.encode())
+    for p in sorted(Path(__file__).resolve().parent.glob("*.py")):  # generators, reference nets
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for p in default_example_images() + [Path(x) for x in args.images]:
+        h.update(p.read_bytes() if p.is_file() else b"missing")
+    h.update(f"{torch.__version__} {np.__version__} {cv2.__version__}".encode())
+    return hashlib.sha256(named.encode()).hexdigest()[:16], h.hexdigest()
+
+
+def file_state(p: Path) -> list:
+    st = p.stat()
+    return [st.st_size, st.st_mtime_ns if st.st_size > HASHED_MAX else sha256_file(p)]
+
+
+def run_is_current(out_dir: Path, name: str, key: str) -> bool:
+    try:
+        rec = json.loads((out_dir / RUNS_DIR / f"{name}.json").read_text())
+        return rec["key"] == key and all(
+            file_state(out_dir / rel) == state for rel, state in rec["files"].items())
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def record_run(out_dir: Path, name: str, key: str, since_ns: int) -> None:
+    """Records the files under out_dir written since since_ns (this run's)."""
+    files = {str(p.relative_to(out_dir)): file_state(p) for p in sorted(out_dir.rglob("*"))
+             if p.is_file() and RUNS_DIR not in p.relative_to(out_dir).parts
+             and p.stat().st_mtime_ns >= since_ns}
+    write_json(out_dir / RUNS_DIR / f"{name}.json", {"key": key, "files": files})
+
+
 def main(argv: list[str] | None = None) -> int:
     # Sapiens2 fixtures (tools/sapiens2_fixtures.py; imported here, since it imports this module).
     import sapiens2_fixtures as s2f
@@ -1014,7 +1058,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="build only these fixtures (e.g. --only wide_0.3b s2_tiny)")
     ap.add_argument("--images", nargs="*", type=Path, default=[],
                     help="extra images for the references (examples/ is included by default)")
+    ap.add_argument("--force", action="store_true",
+                    help="build even when an earlier run with these arguments still stands")
     args = ap.parse_args(argv)
+    record, key = run_key(args)
+    if not args.force and run_is_current(args.out, record, key):
+        print(f"make_fixtures: up to date in {args.out} (an earlier run with these arguments, "
+              f"the same generators and libraries; --force builds anew)")
+        return 0
+    since_ns = time.time_ns() - 1_000_000_000  # coarse file-system clocks
     # torch.jit.* prints a deprecation FutureWarning on every call; the real checkpoints are
     # TorchScript archives, so that is the format we must produce regardless.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
@@ -1035,6 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {p.stat().st_size:>12,d}  {sha256_file(p)[:12]}  {p}")
     n_refs = sum(len(v) for v in res["refs"].values())
     print(f"{n_refs} reference images in {args.out / 'ref'}; total {time.time() - t0:.1f}s")
+    record_run(args.out, record, key, since_ns)
     return 0
 
 

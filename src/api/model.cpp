@@ -15,12 +15,12 @@
 
 #include <opencv2/core.hpp>
 
-#include "../core/backends.hpp"
-#include "../core/checkpoint.hpp"
-#include "../core/mapped_file.hpp"
-#include "../core/onednn_thread.hpp"
+#include "../core/backends/backends.hpp"
+#include "../core/checkpoint/mapped_file.hpp"
+#include "../core/checkpoint/safetensors.hpp"
+#include "../core/checkpoint/torchscript.hpp"
+#include "../core/cpu/onednn_thread.hpp"
 #include "../core/resize/resize.hpp"
-#include "../core/safetensors.hpp"
 #include "../core/tensor_ops.hpp"
 #include "../core/v1/vit_seg.hpp"
 #include "../core/v2/sapiens2.hpp"
@@ -201,10 +201,9 @@ std::unique_ptr<core::Runner> pick_runner(
   return portable();
 }
 
-Loaded load_v1(Model::Impl& impl, const std::string& path, const std::optional<Card>& card,
-               const LoadOptions& opt, c10::Device device, at::ScalarType dtype) {
-  // Only the original mode runs the TorchScript module; the others read the tensors alone.
-  auto ckpt = core::open_torchscript(path, /*load_module=*/opt.mode == Mode::kOriginal);
+Loaded build_v1(Model::Impl& impl, const core::TorchScriptCheckpoint& ckpt, const std::string& path,
+                const std::optional<Card>& card, const LoadOptions& opt, c10::Device device,
+                at::ScalarType dtype) {
   core::v1::ConfigHints hints;
   if (card) {
     hints.heads = card->heads;
@@ -257,8 +256,9 @@ Loaded load_v1(Model::Impl& impl, const std::string& path, const std::optional<C
   return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
 }
 
-Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<Card>& card,
-               const LoadOptions& opt, c10::Device device, at::ScalarType dtype) {
+Loaded build_v2(Model::Impl& impl, const core::SafetensorsFile& file, const std::string& path,
+                const std::optional<Card>& card, const LoadOptions& opt, c10::Device device,
+                at::ScalarType dtype) {
   core::v2::ConfigHints hints;
   if (card) {
     hints.input_h = card->input_height;
@@ -266,9 +266,6 @@ Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<C
   }
   if (opt.input_height > 0) hints.input_h = opt.input_height;
   if (opt.input_width > 0) hints.input_w = opt.input_width;
-  // The file's bytes, read once into private memory, stay while the network holds views of them
-  // (CPU float32 weights are used in place; other devices and dtypes get one converted copy each).
-  const auto file = core::SafetensorsFile::open(path);
   core::TensorMap tensors;
   core::v2::Config cfg;
   try {
@@ -298,6 +295,64 @@ Loaded load_v2(Model::Impl& impl, const std::string& path, const std::optional<C
 }  // namespace
 
 namespace {
+// ---- loading, step by step -------------------------------------------------------------------
+
+// What loading knows of the checkpoint, filled in step by step.
+struct Weights {
+  std::optional<Card> card;  // of the id, of the file's name, or (verify) of its content
+  std::string path;          // "" until obtain() for a card id
+  std::string sha256;        // "" until verify(), and for a file that needs no hash
+  bool given_as_path = false;
+};
+
+// The name or path: a card id ("@revision" allowed), or a file, which a card claims when the file
+// bears its file name. Reads no file.
+Weights resolve(const std::string& id_or_path) {
+  Weights w;
+  if (looks_like_path(id_or_path)) {
+    w.given_as_path = true;
+    w.path = id_or_path;
+    w.card = io::card_for_file_name(w.path);
+  } else {
+    w.card = find_card(id_or_path);
+  }
+  return w;
+}
+
+// The file: a path must exist; a card's file is found in the caches or downloaded (which hashes
+// it on the way).
+void obtain(Weights& w, const io::GateOptions& gate, const FetchOptions& fetch) {
+  if (w.given_as_path) {
+    if (!fs::exists(w.path)) throw Error(ErrorCode::kNotFound, "checkpoint not found: " + w.path);
+    // A directory, FIFO, socket or device is refused by what it is, before anything opens it (a
+    // FIFO would block the hashing of step 4 until a writer came).
+    core::check_regular_file(w.path, "checkpoint");
+    return;
+  }
+  io::Obtained got = io::obtain_file(*w.card, gate, fetch);
+  w.path = std::move(got.path);
+  if (got.sha256) w.sha256 = *got.sha256;
+}
+
+// Its content: a card's file against the card's size and SHA-256. A file no card's name claims is
+// still a card's file when its size and SHA-256 are (a renamed copy), and then its licence is
+// checked here, as soon as it is known. Safetensors carry no checksum of their own, so they are
+// always hashed and held to their first hash; TorchScript records carry CRC-32s, which the
+// archive reader checks.
+void verify(Weights& w, const io::GateOptions& gate) {
+  if (w.card) {
+    if (w.sha256.empty()) w.sha256 = io::verify_weights(*w.card, w.path, gate);
+    return;
+  }
+  if (!fs::is_regular_file(w.path)) return;
+  const io::Identified found = io::identify_by_content(w.path, detect_family(w.path) == "sapiens2");
+  w.sha256 = found.sha256;
+  if (found.card) {
+    w.card = found.card;
+    io::check_license(*w.card, gate);
+  }
+}
+
 Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const auto t0 = Clock::now();
   if (opt.threads > 0) at::set_num_threads(opt.threads);
@@ -307,47 +362,35 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
   const io::GateOptions gate{opt.accept_noncommercial, opt.allow_unverified};
 
-  std::optional<Card> card;
-  std::string path, sha256;
-  if (looks_like_path(id_or_path)) {
-    path = id_or_path;
-    // A directory, FIFO, socket or device is refused by what it is, before anything opens it (a
-    // FIFO would block the hashing below until a writer came).
-    std::error_code ec;
-    if (fs::exists(path, ec)) core::check_regular_file(path, "checkpoint");
-    // A file that is a known checkpoint (by name) is held to its card: licence and hash.
-    card = io::card_for_file_name(path);
-    if (card) {
-      io::check_license(*card, gate);
-      if (!fs::exists(path)) throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
-      sha256 = io::verify_weights(*card, path, gate);
-    } else if (fs::is_regular_file(path)) {
-      // Under another name it is still a card's file when its size and SHA-256 are (a renamed
-      // copy): the same licence gate. Safetensors carry no checksum of their own, so they are
-      // always hashed and held to their first hash; TorchScript records carry CRC-32s, which
-      // the archive reader checks.
-      const io::Identified found = io::identify_by_content(path, detect_family(path) == "sapiens2");
-      sha256 = found.sha256;
-      if (found.card) {
-        card = found.card;
-        io::check_license(*card, gate);
-      }
-    }
-  } else {
-    card = find_card(id_or_path);
-    io::check_license(*card, gate);
-    const io::Verified v = io::obtain_weights(*card, gate, opt.fetch);
-    path = v.path;
-    sha256 = v.sha256;
-  }
-  if (!card && !fs::exists(path))
-    throw Error(ErrorCode::kNotFound, "checkpoint not found: " + path);
+  // 1. Resolve the name or path.
+  Weights w = resolve(id_or_path);
+  // 2. Check the licence of the card named: before any byte is downloaded or hashed. (A card
+  //    that only the file's content names is checked in step 4, where it becomes known.)
+  if (w.card) io::check_license(*w.card, gate);
+  // 3. Obtain the file.
+  obtain(w, gate, opt.fetch);
+  // 4. Verify it.
+  verify(w, gate);
+  const std::optional<Card>& card = w.card;
+  const std::string& path = w.path;
+  const std::string& sha256 = w.sha256;
   const std::string family = card ? card->family : detect_family(path);
   if (card) io::show_license_notice(*card);
 
+  // 5. Open the format, 6. build the family's network on a Runner of the asked mode.
   auto impl = std::make_shared<Model::Impl>();
-  const Loaded cfg = family == "sapiens2" ? load_v2(*impl, path, card, opt, device, dtype)
-                                          : load_v1(*impl, path, card, opt, device, dtype);
+  Loaded cfg;
+  if (family == "sapiens2") {
+    // The file's bytes, read once into private memory, stay while the network holds views of them
+    // (CPU float32 weights are used in place; other devices and dtypes get one converted copy
+    // each).
+    const auto file = core::SafetensorsFile::open(path);
+    cfg = build_v2(*impl, file, path, card, opt, device, dtype);
+  } else {
+    // Only the original mode runs the TorchScript module; the others read the tensors alone.
+    const auto ckpt = core::open_torchscript(path, /*load_module=*/opt.mode == Mode::kOriginal);
+    cfg = build_v1(*impl, ckpt, path, card, opt, device, dtype);
+  }
   if (card && cfg.num_classes != card->num_classes) {
     throw Error(ErrorCode::kFormatError,
                 path + ": the network has " + std::to_string(cfg.num_classes) +

@@ -1,7 +1,7 @@
 // sapiens_seg::resize: the public face of core/resize (the authors' cv2.resize bytes).
 #include <ATen/ATen.h>
 
-#include "../core/backends.hpp"
+#include "../core/backends/backends.hpp"
 #include "../core/resize/resize.hpp"
 #include "../io/image.hpp"
 #include "sapiens_seg/model.hpp"

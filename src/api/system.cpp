@@ -6,10 +6,10 @@
 #include <opencv2/core/version.hpp>
 
 #include "../core/attention/cpu_attention.hpp"
-#include "../core/backends.hpp"
+#include "../core/backends/backends.hpp"
+#include "../core/cpu/cpuid.hpp"
+#include "../core/cpu/cpuinfo.hpp"
 #include "../core/cpu/gemm.hpp"
-#include "../core/cpu_caps.hpp"
-#include "../core/cpuid.hpp"
 #include "../core/resize/wheel_cubic.hpp"
 #include "../io/paths.hpp"
 #include "sapiens_seg/cards.hpp"

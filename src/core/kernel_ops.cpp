@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "layout.hpp"
+#include "attention/rope.hpp"
+#include "checkpoint/layout.hpp"
 #include "sapiens_seg/error.hpp"
-#include "v2/sapiens2.hpp"
 
 namespace sapiens_seg::core {
 namespace {
@@ -62,7 +62,7 @@ class AtenOps final : public KernelOps {
       // The portable network's order: the norm in the model dtype, then bf16 for the rotation.
       at::Tensor n = at::rms_norm(v, {hd}, w.narrow(0, 0, hd), p.eps).to(at::kBFloat16);
       at::Tensor r = n.narrow(1, p.prefix, P);
-      r = r.mul(c).add(v2::rotate_half(r).mul(s));
+      r = r.mul(c).add(attention::rotate_half(r).mul(s));
       v.copy_(at::cat({n.narrow(1, 0, p.prefix), r}, 1));
     }
   }

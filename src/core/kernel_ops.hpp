@@ -13,7 +13,7 @@
 
 #include <ATen/Tensor.h>
 
-#include "checkpoint.hpp"
+#include "checkpoint/tensor_map.hpp"
 #include "kernels/fastbb/fastbb.hpp"
 #include "kernels/seg_up/head.hpp"
 

@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "backends.hpp"
+#include "backends/backends.hpp"
 #include "sapiens_seg/error.hpp"
 #ifdef SAPIENS_SEG_WITH_KERNELS
 #include "kernels/seg_up/head.hpp"
@@ -137,11 +137,6 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
       }
     }
   });
-}
-
-at::Tensor to_device(const at::Tensor& host, const c10::Device& device) {
-  if (device.is_cpu()) return host;
-  return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 at::Tensor resize_normalize(const at::Tensor& rgb, int64_t H, int64_t W,

@@ -26,10 +26,6 @@ void upsample_argmax(const at::Tensor& logits, int H, int W, std::uint8_t* label
 
 // ---- the same steps as tensor code that runs where the tensors live (the device pipeline) ----
 
-// A small table built on the host, moved to `device`: on a GPU through pinned memory and without
-// a host wait, so the stream keeps running while the next image is decoded. The CPU gets `host`.
-at::Tensor to_device(const at::Tensor& host, const c10::Device& device);
-
 // uint8 RGB [h, w, 3] (any device, any strides) -> float32 [3, H, W] on the same device: the
 // authors' cv2.resize with `interp`, reproduced in OpenCV's own arithmetic on tensor ops
 // (resize/resize.hpp: the same bytes as resize_u8 and the opencv-python wheel), then

@@ -13,7 +13,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>  // cvtColor
 
-#include "../core/mapped_file.hpp"
+#include "../core/checkpoint/mapped_file.hpp"
 #include "image_header.hpp"
 #include "log.hpp"
 #include "sapiens_seg/error.hpp"

@@ -13,7 +13,4 @@ namespace sapiens_seg::io {
 void write_npy(const std::string& path, const std::string& dtype, std::size_t item_size,
                const std::vector<std::int64_t>& shape, const void* data);
 
-// Writes `bytes` to `path` atomically (temporary file in the same folder, then rename).
-void write_file_atomic(const std::string& path, const void* data, std::size_t size);
-
 }  // namespace sapiens_seg::io

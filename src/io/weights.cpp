@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "atomic_file.hpp"
 #include "download.hpp"
 #include "log.hpp"
-#include "npy.hpp"
 #include "paths.hpp"
 #include "sapiens_seg/error.hpp"
 #include "sha256.hpp"
@@ -381,10 +381,8 @@ Identified identify_by_content(const std::string& path, bool always_hash) {
   return out;
 }
 
-Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
-  if (auto found = find_weights(card)) {
-    return {found->path, verify_weights(card, found->path, gate)};
-  }
+Obtained obtain_file(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
+  if (auto found = find_weights(card)) return {found->path, std::nullopt};
   const std::string url = download_url(card);
   if (offline()) {
     throw Error(ErrorCode::kOffline,
@@ -431,7 +429,12 @@ Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOp
                 std::string(e.what()) + "\n  to place the file by hand:" + placement_hint(card));
   }
   // Another process finished the download while this one waited for the lock.
-  return {req.dest, verify_weights(card, req.dest, gate)};
+  return {req.dest, std::nullopt};
+}
+
+Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
+  const Obtained o = obtain_file(card, gate, fetch);
+  return {o.path, o.sha256 ? *o.sha256 : verify_weights(card, o.path, gate)};
 }
 
 }  // namespace sapiens_seg::io

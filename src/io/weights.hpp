@@ -63,7 +63,15 @@ struct Identified {
 // hashes and how to accept the new content (sapiens_seg::verify_file, `models verify PATH`).
 Identified identify_by_content(const std::string& path, bool always_hash);
 
-// find_weights, else (unless offline) a download into the cache; then verify_weights.
+// find_weights, else (unless offline) a download into the cache. A download hashes what it
+// transfers and stamps it, so `sha256` is set then; a file found in place is not hashed here.
+struct Obtained {
+  std::string path;
+  std::optional<std::string> sha256;
+};
+Obtained obtain_file(const Card& card, const GateOptions& gate, const FetchOptions& fetch);
+
+// obtain_file, then verify_weights unless the download hashed it already.
 struct Verified {
   std::string path, sha256;
 };

@@ -16,9 +16,9 @@
 #include <ATen/Parallel.h>
 #include <zlib.h>
 
-#include "core/mapped_file.hpp"
-#include "core/torchscript_archive.hpp"
-#include "core/zip_codec.hpp"
+#include "core/checkpoint/mapped_file.hpp"
+#include "core/checkpoint/torchscript_archive.hpp"
+#include "core/checkpoint/zip_codec.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace {

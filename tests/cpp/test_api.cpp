@@ -249,7 +249,7 @@ TEST(UnitApi, BadInputsAndModes) {
       ErrorCode::kInvalidInput, {"cannot decode"});
   expect_error([] { load_fixture("tiny_a", {.mode = Mode::kKernels}); },
                ErrorCode::kBackendUnavailable, {"kernels"});
-  // float16 follows the CPU (refused without AMX-FP16, core/cpu_caps.hpp).
+  // float16 follows the CPU (refused without AMX-FP16, core/cpu/cpuinfo.hpp).
   if (system_info().cpu_dtypes.at(2).rfind("float16: yes", 0) == 0) {
     const Model half = load_fixture("tiny_a", {.dtype = DType::kFloat16});
     EXPECT_EQ(half.info().backend.dtype, "float16");

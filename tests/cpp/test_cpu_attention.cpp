@@ -10,8 +10,8 @@
 #include <string>
 
 #include "core/attention/cpu_attention.hpp"
-#include "core/cpu_caps.hpp"
-#include "core/cpuid.hpp"
+#include "core/cpu/cpuid.hpp"
+#include "core/cpu/cpuinfo.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
 

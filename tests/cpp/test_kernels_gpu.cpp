@@ -32,12 +32,12 @@
 #include <filesystem>
 #include <limits>
 
-#include "core/backends.hpp"
-#include "core/checkpoint.hpp"
-#include "core/cuda_graphs.hpp"
+#include "core/backends/backends.hpp"
+#include "core/backends/cuda_graphs.hpp"
+#include "core/checkpoint/safetensors.hpp"
+#include "core/checkpoint/torchscript.hpp"
 #include "core/kernel_ops.hpp"
 #include "core/resize/resize.hpp"
-#include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/kernels_schedule.hpp"
 #include "core/v2/kernels_schedule.hpp"

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "core/onednn_thread.hpp"
+#include "core/cpu/onednn_thread.hpp"
 #include "test_util.hpp"
 
 using namespace sapiens_seg;

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/backends.hpp"
-#include "core/checkpoint.hpp"
+#include "core/backends/backends.hpp"
+#include "core/checkpoint/torchscript.hpp"
 #include "core/cpu/gemm.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"

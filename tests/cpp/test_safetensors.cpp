@@ -14,7 +14,7 @@
 
 #include <ATen/ATen.h>
 
-#include "core/safetensors.hpp"
+#include "core/checkpoint/safetensors.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
 

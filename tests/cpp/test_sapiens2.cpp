@@ -9,11 +9,11 @@
 #include <fstream>
 
 #include "core/attention/cpu_attention.hpp"
-#include "core/backends.hpp"
+#include "core/backends/backends.hpp"
+#include "core/checkpoint/safetensors.hpp"
+#include "core/cpu/cpuinfo.hpp"
 #include "core/cpu/gemm.hpp"
-#include "core/cpu_caps.hpp"
 #include "core/head/cpu_head.hpp"
-#include "core/safetensors.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v2/cpu_ops.hpp"
 #include "core/v2/sapiens2.hpp"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "core/safetensors_header.hpp"
+#include "core/checkpoint/safetensors_header.hpp"
 #include "sapiens_seg/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

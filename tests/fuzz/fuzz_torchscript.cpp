@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "core/torchscript_format.hpp"
+#include "core/checkpoint/torchscript_format.hpp"
 #include "sapiens_seg/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

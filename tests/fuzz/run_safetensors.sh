@@ -10,7 +10,7 @@ mkdir -p "$out/corpus"
 cp "$root"/tests/fuzz/corpus_safetensors/* "$out/corpus/"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$root/include" -I"$root/src" -I"$build/generated/include" \
-  "$root/tests/fuzz/fuzz_safetensors.cpp" "$root/src/core/safetensors_header.cpp" \
+  "$root/tests/fuzz/fuzz_safetensors.cpp" "$root/src/core/checkpoint/safetensors_header.cpp" \
   "$root/src/core/error.cpp" -o "$out/fuzz_safetensors"
 # Crash reproducers land in the build folder; add them to tests/fuzz/corpus_safetensors once fixed.
 "$out/fuzz_safetensors" -max_total_time="$seconds" -max_len=4096 -timeout=10 \

@@ -15,8 +15,8 @@ isal=()
 if [ -f /usr/include/isa-l/crc.h ]; then isal=(-DSAPIENS_SEG_HAVE_ISAL -lisal); fi
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$root/include" -I"$root/src" -I"$build/generated/include" \
-  "$root/tests/fuzz/fuzz_torchscript.cpp" "$root/src/core/torchscript_format.cpp" \
-  "$root/src/core/zip_codec.cpp" "$root/src/core/error.cpp" -lz "${isal[@]}" \
+  "$root/tests/fuzz/fuzz_torchscript.cpp" "$root/src/core/checkpoint/torchscript_format.cpp" \
+  "$root/src/core/checkpoint/zip_codec.cpp" "$root/src/core/error.cpp" -lz "${isal[@]}" \
   -o "$out/fuzz_torchscript"
 # Crash reproducers land in the build folder; add them to tests/fuzz/corpus_torchscript once fixed.
 "$out/fuzz_torchscript" -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \

@@ -12,10 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-CLI = BUILD / "bin" / "sapiens-seg"
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO, FIXTURES, CLI
 EXAMPLE = REPO / "examples" / "astronaut.jpg"
 
 pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built")

@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,12 +13,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ptyrun import run_with_tty_stderr  # noqa: E402
 
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-CLI = BUILD / "bin" / "sapiens-seg"
+from conftest import FIXTURES, CLI
 TINY = FIXTURES / "tiny_a_torchscript.pt2"
 
 pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built")

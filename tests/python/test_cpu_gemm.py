@@ -15,10 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-CLI = BUILD / "bin" / "sapiens-seg"
-PKG_PARENT = BUILD / "python"
+from conftest import PKG_PARENT, CLI
 
 
 def cpuinfo_first() -> dict[str, str]:

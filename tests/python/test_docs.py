@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO
 README = REPO / "README.md"
 
 # Pages that other branches write; linked already, checked as soon as they exist.

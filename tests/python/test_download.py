@@ -8,19 +8,15 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import HubServer  # noqa: E402
 from ptyrun import run_with_tty_stderr  # noqa: E402
 
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-CLI = BUILD / "bin" / "sapiens-seg"
+from conftest import FIXTURES, CLI
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "astronaut.jpg"
 FILE = "tiny_b_torchscript.pt2"
 ID = "dl-tiny-b"

@@ -6,16 +6,13 @@ Needs the benchmark extras (`tools/setup.sh --bench`: onnx, onnxruntime); skippe
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-sys.path.insert(0, str(REPO / "tools"))
+from conftest import FIXTURES, use_tools
+
+use_tools()
 
 pytest.importorskip("onnx", reason="benchmark extra (tools/setup.sh --bench)")
 pytest.importorskip("onnxruntime", reason="benchmark extra (tools/setup.sh --bench)")

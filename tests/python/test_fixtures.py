@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import zipfile
 from pathlib import Path
 
@@ -16,8 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
+from conftest import use_tools
+
+use_tools()
 
 import make_fixtures as mf  # noqa: E402
 
@@ -275,3 +275,33 @@ def test_references_follow_lite_pipeline(built, tiny_a):
     first = np.load(ref / first_stem / "logits.npy")
     assert batch.shape == (2, 28, 128, 96)
     np.testing.assert_allclose(batch[0], first, rtol=1e-4, atol=1e-4)
+
+
+def test_a_run_is_skipped_while_what_it_wrote_stands(tmp_path, capsys):
+    """ctest regenerates fixtures before every run that needs them; make_fixtures skips a run
+    whose arguments, generators and libraries are those of a recorded run whose files all stand
+    unchanged, and builds again as soon as one differs."""
+    out = tmp_path / "fixtures"
+    (out / "ref").mkdir(parents=True)
+    written = out / "ref" / "labels.npy"
+    written.write_bytes(b"labels")
+    args = mf.argparse.Namespace(only=["tiny_a"], wide=False, images=[])
+    record, key = mf.run_key(args)
+    mf.record_run(out, record, key, since_ns=0)
+    assert mf.run_is_current(out, record, key)
+    assert not mf.run_is_current(out, record, "another key")
+    assert mf.run_key(mf.argparse.Namespace(only=["tiny_b"], wide=False, images=[]))[0] != record
+
+    # main() stops before building anything: no checkpoint appears.
+    assert mf.main(["--out", str(out), "--only", "tiny_a"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert not (out / "tiny_a_torchscript.pt2").exists()
+
+    # Rewritten with the same bytes (as another run rewrites the shared images): still current.
+    written.write_bytes(b"labels")
+    assert mf.run_is_current(out, record, key)
+    # Changed or gone: built again.
+    written.write_bytes(b"damaged")
+    assert not mf.run_is_current(out, record, key)
+    written.unlink()
+    assert not mf.run_is_current(out, record, key)

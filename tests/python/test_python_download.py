@@ -25,17 +25,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-PKG_PARENT = BUILD / "python"
+from conftest import REPO, FIXTURES, PKG_PARENT, use_built_package
 
-if not any((PKG_PARENT / "sapiens_seg").glob("_core*")):
-    pytest.skip(f"the Python extension is not built in {PKG_PARENT / 'sapiens_seg'}",
-                allow_module_level=True)
+use_built_package()
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(PKG_PARENT))
 from hub_server import HubServer  # noqa: E402
 from ptyrun import run_with_tty_stderr  # noqa: E402
 

@@ -24,29 +24,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import FIXTURES, PKG_PARENT, CLI, use_built_package
 HERE = Path(__file__).resolve().parent
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-PKG_PARENT = BUILD / "python"
-CLI = BUILD / "bin" / "sapiens-seg"
 TINY_B = FIXTURES / "tiny_b_torchscript.pt2"
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (tools/setup.sh installs ray[data])")
 pytest.importorskip("ray.data", reason="Ray Data is not installed (ray[data])")
-if not any((PKG_PARENT / "sapiens_seg").glob("_core*")):
-    pytest.skip(f"the Python extension is not built in {PKG_PARENT / 'sapiens_seg'}",
-                allow_module_level=True)
+use_built_package()
 if not TINY_B.exists() or not CLI.exists():
     pytest.skip(f"no fixtures in {FIXTURES} or no CLI at {CLI}", allow_module_level=True)
 
-# This build's package first (as test_binding.py does).
-sys.path.insert(0, str(PKG_PARENT))
-sys.path.insert(0, str(HERE))
-_loaded = sys.modules.get("sapiens_seg")
-if _loaded is not None and Path(_loaded.__file__).resolve().parent.parent != PKG_PARENT.resolve():
-    for _name in [m for m in sys.modules if m == "sapiens_seg" or m.startswith("sapiens_seg.")]:
-        del sys.modules[_name]
 
 import cv2  # noqa: E402
 

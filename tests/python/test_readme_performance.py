@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import readme_performance as rp  # noqa: E402

@@ -25,13 +25,9 @@ import cv2
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-PKG_PARENT = BUILD / "python"
-if not any((PKG_PARENT / "sapiens_seg").glob("_core*")):
-    pytest.skip(f"the Python extension is not built in {PKG_PARENT / 'sapiens_seg'}",
-                allow_module_level=True)
-sys.path.insert(0, str(PKG_PARENT))
+from conftest import REPO, PKG_PARENT, use_built_package
+
+use_built_package()
 
 from sapiens_seg import segmentation  # noqa: E402
 

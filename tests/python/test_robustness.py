@@ -27,11 +27,7 @@ import cv2
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-CLI = BUILD / "bin" / "sapiens-seg"
-PKG_PARENT = BUILD / "python"
+from conftest import FIXTURES, PKG_PARENT, CLI
 TINY_A = FIXTURES / "tiny_a_torchscript.pt2"
 
 pytestmark = [

@@ -27,16 +27,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
+from conftest import FIXTURES, PKG_PARENT, use_tools
 S2 = FIXTURES / "s2_tiny.safetensors"
-PKG_PARENT = BUILD / "python"
 if not S2.exists() or not any((PKG_PARENT / "sapiens_seg").glob("_core*")):
     pytest.skip(f"no s2_tiny fixture in {FIXTURES} or no extension in {PKG_PARENT}",
                 allow_module_level=True)
 sys.path.insert(0, str(PKG_PARENT))
-sys.path.insert(0, str(REPO / "tools"))
+use_tools()
 
 import sapiens2_reference as s2  # noqa: E402
 from sapiens2_fixtures import tiny_fixture  # noqa: E402

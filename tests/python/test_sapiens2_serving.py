@@ -16,10 +16,7 @@ import cv2
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-CLI = BUILD / "bin" / "sapiens-seg"
+from conftest import REPO, BUILD, FIXTURES, CLI
 S2 = FIXTURES / "s2_tiny.safetensors"
 S2_HF = FIXTURES / "s2_tiny_hf.safetensors"
 V1 = FIXTURES / "tiny_b_torchscript.pt2"

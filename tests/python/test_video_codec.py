@@ -18,9 +18,7 @@ import cv2
 import numpy as np
 import pytest
 
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", Path(__file__).resolve().parents[2] / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-CLI = BUILD / "bin" / "sapiens-seg"
+from conftest import FIXTURES, CLI
 TINY = FIXTURES / "tiny_a_torchscript.pt2"
 FFPROBE = shutil.which("ffprobe")
 FFMPEG = shutil.which("ffmpeg")

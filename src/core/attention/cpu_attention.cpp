@@ -12,8 +12,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../cpu_caps.hpp"
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
+#include "../cpu/cpuinfo.hpp"
 #include "sapiens_seg/error.hpp"
 
 #ifdef SAPIENS_SEG_X86

@@ -23,7 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "../cpuid.hpp"
+#include "cpuid.hpp"
 
 namespace sapiens_seg::core::cpu {
 

@@ -9,8 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "../cpu_vec.hpp"
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
+#include "../cpu/vec.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::head {
@@ -51,7 +51,7 @@ void sum_row_scalar(const void* xv, const float* shift, float* a1, float* a2, in
 
 #ifdef SAPIENS_SEG_X86
 
-// (See cpu_vec.hpp.)
+// (See cpu/vec.hpp.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

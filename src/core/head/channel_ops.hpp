@@ -2,7 +2,7 @@
 // behind InstanceNorm's statistics, and normalise + SiLU. Each is one multi-threaded pass over the
 // map (one read, and for norm_silu one write), in float32 arithmetic for every storage dtype, with
 // AVX-512 or AVX2 loops compiled per function and picked by what the CPU runs (`isa`: VecIsa in
-// core/cpuid.hpp).
+// core/cpu/cpuid.hpp).
 //
 // Why by hand: LibTorch needs two passes for normalise + SiLU in float32 (addcmul, then silu_) and
 // four in bfloat16 or float16 (its elementwise kernels take mixed bfloat16/float32 operands
@@ -15,7 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
 
 namespace sapiens_seg::core::head {
 

@@ -10,8 +10,8 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
+#include "../cpu/cpuid.hpp"
 #include "../cpu/gemm.hpp"
-#include "../cpuid.hpp"
 #include "channel_ops.hpp"
 #include "sapiens_seg/error.hpp"
 

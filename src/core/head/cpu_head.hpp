@@ -19,7 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
 
 namespace sapiens_seg::core::head {
 

@@ -1,5 +1,5 @@
-// Which instruction set the resizes' host loops run, from what the CPU can do (../cpuid.hpp): the
-// wheel's IPP code path depends on it too (wheel_cubic.hpp).
+// Which instruction set the resizes' host loops run, from what the CPU can do (../cpu/cpuid.hpp):
+// the wheel's IPP code path depends on it too (wheel_cubic.hpp).
 //
 // Wider code is compiled per function (SAPIENS_SEG_AVX2 below) and only called after host_simd()
 // said the CPU and the OS support it. Every vector loop has a portable twin with the same
@@ -8,7 +8,7 @@
 // tests compare the two on one machine.
 #pragma once
 
-#include "../cpuid.hpp"
+#include "../cpu/cpuid.hpp"
 
 #ifdef SAPIENS_SEG_X86
 // AVX2 (with FMA, which every AVX2 CPU has: Haswell, Zen and later) for one function.

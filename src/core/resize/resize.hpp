@@ -75,6 +75,11 @@ void resize_u8_simd(const PixelsU8& src, const MutablePixelsU8& dst, Interp inte
                     CubicFlavor flavor, Simd simd);
 }  // namespace resize_detail
 
+// A small table built on the host, moved to `device`: on a GPU through pinned memory and without
+// a host wait, so the stream keeps running while the next image is decoded. The CPU gets `host`.
+// (Here, below tensor_ops.hpp, because the tensor resizes' tap tables need it too.)
+at::Tensor to_device(const at::Tensor& host, const c10::Device& device);
+
 // The same on a uint8 [h, w, C] tensor (any device, any strides), as tensor ops; returns a
 // uint8 [H, W, C] tensor on the same device with the same bytes as resize_u8.
 at::Tensor resize_tensor(const at::Tensor& img, int64_t H, int64_t W, Interp interp,

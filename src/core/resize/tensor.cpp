@@ -5,13 +5,17 @@
 // opencv-python wheel.
 #include <ATen/ATen.h>
 
-#include "../tensor_ops.hpp"
 #include "resize.hpp"
 #include "sapiens_seg/error.hpp"
 #include "taps.hpp"
 #include "wheel_cubic.hpp"
 
 namespace sapiens_seg::core {
+
+at::Tensor to_device(const at::Tensor& host, const c10::Device& device) {
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
 
 using resize_detail::Taps;
 

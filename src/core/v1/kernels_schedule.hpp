@@ -13,7 +13,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "../checkpoint.hpp"
+#include "../checkpoint/torchscript.hpp"
 #include "../kernel_ops.hpp"
 #include "kernels/cudnn_hacc/attention.hpp"
 #include "kernels/seg_up/head.hpp"

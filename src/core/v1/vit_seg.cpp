@@ -10,8 +10,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include "../attention/cpu_attention.hpp"
+#include "../checkpoint/layout.hpp"
 #include "../cpu/gemm.hpp"
-#include "../layout.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v1 {

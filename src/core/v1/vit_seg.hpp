@@ -7,7 +7,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../checkpoint.hpp"
+#include "../checkpoint/torchscript.hpp"
 #include "../head/cpu_head.hpp"
 
 namespace sapiens_seg::core::v1 {

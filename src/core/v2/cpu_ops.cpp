@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "../cpu_vec.hpp"
+#include "../cpu/vec.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v2 {

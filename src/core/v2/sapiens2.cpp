@@ -11,8 +11,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include "../attention/cpu_attention.hpp"
-#include "../layout.hpp"
-#include "../mapped_file.hpp"
+#include "../checkpoint/layout.hpp"
+#include "../checkpoint/mapped_file.hpp"
 #include "cpu_ops.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -39,11 +39,6 @@ std::string block_key(int64_t i, const char* rest) {
 }
 
 }  // namespace
-
-at::Tensor rotate_half(const at::Tensor& t) {
-  const int64_t h = t.size(-1) / 2;
-  return at::cat({t.narrow(-1, h, h).neg(), t.narrow(-1, 0, h)}, -1);
-}
 
 // ---- key names -------------------------------------------------------------------------------
 

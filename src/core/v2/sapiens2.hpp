@@ -10,7 +10,8 @@
 
 #include <ATen/ATen.h>
 
-#include "../checkpoint.hpp"
+#include "../attention/rope.hpp"
+#include "../checkpoint/tensor_map.hpp"
 #include "../head/cpu_head.hpp"
 
 namespace sapiens_seg::core::v2 {
@@ -57,8 +58,8 @@ at::Tensor rope_periods(const TensorMap& tensors, const Config& config);
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& periods_bf16, int64_t grid_h,
                                               int64_t grid_w);
 
-// RoPE's rotate-half over the last dim: (a, b) -> (-b, a) for its two halves.
-at::Tensor rotate_half(const at::Tensor& t);
+// RoPE's rotate-half over the last dim (attention/rope.hpp).
+using attention::rotate_half;
 
 // Named intermediates for parity tests ("tokens", "rope_cos", "rope_sin", "block_08",
 // "final_norm", "featmap", "head_0".."head_5"), recorded only for the names asked for.

@@ -10,7 +10,7 @@
 
 #include <ATen/Tensor.h>
 
-#include "checkpoint.hpp"
+#include "tensor_map.hpp"
 
 namespace sapiens_seg::core {
 

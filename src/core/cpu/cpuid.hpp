@@ -1,6 +1,6 @@
 // What the CPU running the library can execute, read through CPUID and XGETBV: which of the
 // library's own vector loops (the resizes' AVX2 code, the CPU attention kernel's AVX-512 code)
-// may run. /proc/cpuinfo (cpu_caps.hpp) answers a different question, what LibTorch's oneDNN will
+// may run. /proc/cpuinfo (cpuinfo.hpp) answers a different question, what LibTorch's oneDNN will
 // do, and can be overridden for tests; this cannot, because running an instruction the CPU lacks
 // kills the process.
 //

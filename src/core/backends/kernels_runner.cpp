@@ -12,14 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "../kernel_ops.hpp"
+#include "../v1/kernels_schedule.hpp"
+#include "../v2/kernels_schedule.hpp"
 #include "backends.hpp"
-#include "kernel_ops.hpp"
 #include "kernels/cudnn_hacc/attention.hpp"
 #include "kernels/fastbb/fastbb.hpp"
 #include "kernels/seg_up/head.hpp"
 #include "sapiens_seg/error.hpp"
-#include "v1/kernels_schedule.hpp"
-#include "v2/kernels_schedule.hpp"
 
 namespace sapiens_seg::core {
 namespace {

@@ -9,13 +9,13 @@
 
 #include <ATen/Tensor.h>
 
+#include "tensor_map.hpp"
+
 namespace torch::jit {
 struct Module;
 }
 
 namespace sapiens_seg::core {
-
-using TensorMap = std::map<std::string, at::Tensor>;
 
 struct TorchScriptCheckpoint {
   std::string path;

@@ -9,6 +9,16 @@
 // same answer on every load of the same machine, costs nothing, and names what is missing. The
 // table's rows are backed by benchmarks/cpu_dtype_probe.py, which times each dtype's GEMM with
 // oneDNN capped at each ISA level.
+//
+// Two probes of one CPU, on purpose (cpuid.hpp is the other), and not one: this one answers rules
+// about what LibTorch's oneDNN will do, and such a rule must be checkable against another
+// machine's flags, so SAPIENS_SEG_CPU_FLAGS / SAPIENS_SEG_CPU_VENDOR replace what it reads (the
+// CLI's and the binding's tests of the dtype rule rely on that). cpuid.hpp gates the
+// library's own vector code, which no variable may switch on for a CPU or OS that lacks it (the
+// process would die on the first such instruction). One probe for both would either hand that
+// gate to the environment or take the override from the rules; and the kernel's flag list is not
+// always CPUID's (features the kernel disabled or cannot save state for are left out), so reading
+// one source for both would change answers on such machines.
 #pragma once
 
 #include <ATen/core/ScalarType.h>

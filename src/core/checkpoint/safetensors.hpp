@@ -14,8 +14,8 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
-#include "checkpoint.hpp"
 #include "safetensors_header.hpp"
+#include "tensor_map.hpp"
 
 namespace sapiens_seg::core {
 

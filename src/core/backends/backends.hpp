@@ -8,11 +8,11 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "checkpoint.hpp"
+#include "../checkpoint/torchscript.hpp"
+#include "../v1/vit_seg.hpp"
+#include "../v2/sapiens2.hpp"
 #include "sapiens_seg/model.hpp"
 #include "sapiens_seg/options.hpp"
-#include "v1/vit_seg.hpp"
-#include "v2/sapiens2.hpp"
 
 namespace sapiens_seg::core {
 

@@ -17,7 +17,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
-#include "checkpoint.hpp"
+#include "tensor_map.hpp"
 #include "torchscript_format.hpp"
 
 namespace sapiens_seg::core {

@@ -1,4 +1,4 @@
-#include "checkpoint.hpp"
+#include "torchscript.hpp"
 
 #include <algorithm>
 #include <array>

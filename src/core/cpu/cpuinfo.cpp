@@ -1,4 +1,4 @@
-#include "cpu_caps.hpp"
+#include "cpuinfo.hpp"
 
 #include <ATen/Context.h>
 

@@ -6,7 +6,7 @@
 
 #include <tuple>
 
-#include "cpu_caps.hpp"
+#include "../cpu/cpuinfo.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core {
@@ -42,7 +42,7 @@ at::ScalarType resolve_dtype(DType dtype, const c10::Device& device) {
     case DType::kFloat16:
     case DType::kBFloat16: {
       const at::ScalarType t = dtype == DType::kFloat16 ? at::kHalf : at::kBFloat16;
-      // Refused before any work where the CPU has no fast GEMM for it (cpu_caps.hpp): LibTorch
+      // Refused before any work where the CPU has no fast GEMM for it (cpu/cpuinfo.hpp): LibTorch
       // would otherwise run a scalar fallback tens of times slower than float32, silently.
       if (device.is_cpu()) {
         const std::string why = cpu_dtype_unavailable_reason(cpu_caps(), t);
@@ -182,7 +182,7 @@ bool kernels_compiled() {
 }
 
 #ifndef SAPIENS_SEG_WITH_KERNELS
-// Stand-ins of src/core/kernels_runner.cpp for builds without the kernels.
+// Stand-ins of src/core/backends/kernels_runner.cpp for builds without the kernels.
 std::pair<int, int> cuda_capability(int) {
   return {0, 0};
 }

@@ -1,7 +1,7 @@
 // Vector loads and stores of float32, bfloat16 and float16 as float32 lanes, and a float32 exp,
 // for the library's own CPU loops (head/channel_ops, v2/cpu_ops). Every function is compiled
 // for its instruction set alone (target attributes), so a file that includes this may call them
-// only after core/cpuid.hpp said the CPU runs them: AVX-512 F/BW/VL with FMA (avx512_core) for the
+// only after cpu/cpuid.hpp said the CPU runs them: AVX-512 F/BW/VL with FMA (avx512_core) for the
 // 16-lane ones, AVX2 with FMA and F16C (avx2_fma_f16c) for the 8-lane ones.
 //
 // Conversions round as c10's own: bfloat16 to nearest even with NaN kept quiet (0x7FC0),
