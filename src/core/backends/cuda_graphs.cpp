@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backends.hpp"
-#include "layout.hpp"
+#include "../checkpoint/layout.hpp"
 
 namespace sapiens_seg::core {
 namespace {
