@@ -13,9 +13,11 @@
 #include <set>
 #include <string>
 
+#include "cli/files.hpp"
 #include "cli/inputs.hpp"
 #include "cli/json_paths.hpp"
 #include "cli/naming.hpp"
+#include "test_util.hpp"
 
 using namespace sapiens_seg::cli;
 using sapiens_seg::ErrorCode;
@@ -414,4 +416,39 @@ TEST(UnitCliInputs, TheOutputFolderIsNotTakenAsInputs) {
   // A file named twice (another spelling, or by a folder and by name) is one input.
   x = expand_inputs({(in / "a.jpg").string(), (in / "sub" / ".." / "a.jpg").string()}, rules_for());
   EXPECT_EQ(names_of(x), (std::vector<std::string>{"a.jpg"}));
+}
+
+// The CLI's .npy writer (the only one: the authors' demo files) streams its items in pieces; the
+// file is what NumPy reads, and a write that cannot happen leaves nothing behind.
+TEST(UnitCliFiles, NpyIsWhatNumPyReadsWrittenInPieces) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("cli_npy_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::vector<std::int64_t> v = {0, 1, 27, -5, 3, 4};
+  std::size_t at = 0, calls = 0;
+  write_npy((d / "a.npy").string(), "<i8", 8, {2, 3}, [&](void* buf, std::size_t max_items) {
+    const std::size_t n = std::min<std::size_t>({max_items, 4, v.size() - at});  // 2 pieces
+    std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(at), n, static_cast<std::int64_t*>(buf));
+    at += n;
+    ++calls;
+    return n;
+  });
+  EXPECT_GE(calls, 2u);
+  const auto a = sapiens_seg::test::read_npy((d / "a.npy").string());
+  EXPECT_EQ(a.dtype, "<i8");
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3}));
+  for (std::size_t i = 0; i < v.size(); ++i) EXPECT_EQ(a.as<std::int64_t>()[i], v[i]);
+  EXPECT_EQ(fs::file_size(d / "a.npy") % 64, 48u % 64);  // 64-byte aligned header + 48 data bytes
+  sapiens_seg::test::expect_error(
+      [&] {
+        write_npy((d / "no" / "such" / "dir.npy").string(), "|u1", 1, {1},
+                  [](void*, std::size_t) { return std::size_t{0}; });
+      },
+      ErrorCode::kIo, {"dir.npy"});
+  EXPECT_FALSE(fs::exists(d / "no"));
+  for (const auto& e : fs::directory_iterator(d)) {
+    EXPECT_EQ(e.path().filename(), "a.npy") << "left behind: " << e.path();
+  }
+  fs::remove_all(d);
 }

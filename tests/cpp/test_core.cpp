@@ -547,19 +547,46 @@ TEST(UnitNetwork, OtherInputSizesResizeThePositionEmbedding) {
                {"multiple of the patch"});
 }
 
+// CPUs described by their CPUID bits, for the rules that read them (whatever runs the test).
+namespace {
+
+struct TestCpus {
+  core::CpuFeatures zen3, zen4, zen5, zen6, zen5_no_zmm, intel_avx512, intel_avx2;
+  TestCpus() {
+    core::CpuFeatures avx2;
+    avx2.osxsave = avx2.avx = avx2.avx2 = avx2.fma = avx2.f16c = true;
+    avx2.xcr0 = 0x7;
+    core::CpuFeatures avx512 = avx2;
+    avx512.avx512f = avx512.avx512bw = avx512.avx512dq = avx512.avx512vl = true;
+    avx512.xcr0 = 0xE7;
+    zen3 = avx2;
+    zen3.amd = true;
+    zen3.family = 0x19, zen3.model = 0x01;
+    zen4 = avx512;
+    zen4.amd = true;
+    zen4.family = 0x19, zen4.model = 0x11;
+    zen5 = zen4;
+    zen5.family = 0x1A, zen5.model = 0x02;
+    zen6 = zen5;
+    zen6.family = 0x1B;
+    zen5_no_zmm = zen5;  // an OS (or VM) that does not save the AVX-512 state
+    zen5_no_zmm.xcr0 = 0x7;
+    intel_avx512 = avx512;
+    intel_avx512.family = 6, intel_avx512.model = 0xCF;
+    intel_avx2 = avx2;
+    intel_avx2.family = 6, intel_avx2.model = 0x55;
+  }
+};
+
+}  // namespace
+
 TEST(UnitNetwork, CpuHeadPathRule) {
   using core::head::cpu_head_path_for;
   using core::head::CpuHeadPath;
-  // The measured rule (head_bench) on CPUs described by their CPUID bits, whatever runs the test.
-  core::CpuFeatures avx2;
-  avx2.osxsave = avx2.avx = avx2.avx2 = avx2.fma = avx2.f16c = true;
-  avx2.xcr0 = 0x7;
-  core::CpuFeatures intel512 = avx2;
-  intel512.avx512f = intel512.avx512bw = intel512.avx512dq = intel512.avx512vl = true;
-  intel512.xcr0 = 0xE7;
+  // The measured rule (head_bench).
+  const TestCpus c;
+  const core::CpuFeatures &avx2 = c.intel_avx2, &intel512 = c.intel_avx512, &amd512 = c.zen4;
   ASSERT_TRUE(intel512.avx512_core());
-  core::CpuFeatures amd512 = intel512;
-  amd512.amd = true;
   constexpr int64_t kV1 = 768, kSapiens2 = 64;
   // Without AVX-512, oneDNN for every float32 head.
   EXPECT_EQ(cpu_head_path_for(avx2, at::kFloat, kV1), CpuHeadPath::kOnednn);
@@ -594,39 +621,6 @@ TEST(UnitNetwork, CpuHeadPathRule) {
 }
 
 // ---- the float32 GEMM library (core/cpu/gemm) --------------------------------------------------
-
-namespace {
-
-// CPUs described by their CPUID bits, whatever runs the test.
-struct TestCpus {
-  core::CpuFeatures zen3, zen4, zen5, zen6, zen5_no_zmm, intel_avx512, intel_avx2;
-  TestCpus() {
-    core::CpuFeatures avx2;
-    avx2.osxsave = avx2.avx = avx2.avx2 = avx2.fma = avx2.f16c = true;
-    avx2.xcr0 = 0x7;
-    core::CpuFeatures avx512 = avx2;
-    avx512.avx512f = avx512.avx512bw = avx512.avx512dq = avx512.avx512vl = true;
-    avx512.xcr0 = 0xE7;
-    zen3 = avx2;
-    zen3.amd = true;
-    zen3.family = 0x19, zen3.model = 0x01;
-    zen4 = avx512;
-    zen4.amd = true;
-    zen4.family = 0x19, zen4.model = 0x11;
-    zen5 = zen4;
-    zen5.family = 0x1A, zen5.model = 0x02;
-    zen6 = zen5;
-    zen6.family = 0x1B;
-    zen5_no_zmm = zen5;  // an OS (or VM) that does not save the AVX-512 state
-    zen5_no_zmm.xcr0 = 0x7;
-    intel_avx512 = avx512;
-    intel_avx512.family = 6, intel_avx512.model = 0xCF;
-    intel_avx2 = avx2;
-    intel_avx2.family = 6, intel_avx2.model = 0x55;
-  }
-};
-
-}  // namespace
 
 TEST(UnitCpuGemm, Float32PolicyFollowsTheCpuTable) {
   using core::cpu::float32_gemm_for;

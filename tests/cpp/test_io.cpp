@@ -16,7 +16,6 @@
 #include "core/tensor_ops.hpp"
 #include "io/download.hpp"
 #include "io/image.hpp"
-#include "io/npy.hpp"
 #include "io/paths.hpp"
 #include "io/sha256.hpp"
 #include "io/weights.hpp"
@@ -596,20 +595,6 @@ TEST(UnitWeights, MessagesNameEveryWayOut) {
                ErrorCode::kOffline,
                {"sapiens-seg models download sapiens-seg-0.3b-goliath", "HF_ENDPOINT",
                 "now http://127.0.0.1:9;", "mirror"});
-}
-
-TEST(UnitNpy, WritesWhatNumPyReads) {
-  const auto d = temp_dir("npy");
-  const std::vector<std::int64_t> v = {0, 1, 27, -5, 3, 4};
-  io::write_npy((d / "a.npy").string(), "<i8", 8, {2, 3}, v.data());
-  const auto a = test::read_npy((d / "a.npy").string());
-  EXPECT_EQ(a.dtype, "<i8");
-  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3}));
-  EXPECT_EQ(a.as<std::int64_t>()[2], 27);
-  EXPECT_EQ(fs::file_size(d / "a.npy") % 64, 48u % 64);  // 64-byte aligned header + 48 data bytes
-  expect_error([&] { io::write_npy((d / "no" / "such" / "dir.npy").string(), "|u1", 1, {1}, "x"); },
-               ErrorCode::kIo, {"cannot write"});
-  EXPECT_FALSE(fs::exists(d / "no"));
 }
 
 // A tuning variable of the downloader that is set but malformed is an invalid-input error naming

@@ -24,23 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
-FIXTURES = Path(os.environ.get("SAPIENS_SEG_FIXTURES", BUILD / "fixtures"))
-PKG_PARENT = BUILD / "python"
-CLI = BUILD / "bin" / "sapiens-seg"
+from conftest import BUILD, CLI, FIXTURES, PKG_PARENT, use_built_package
+
 TINY_A = FIXTURES / "tiny_a_torchscript.pt2"
 S2_TINY = FIXTURES / "s2_tiny.safetensors"
 
-if not any((PKG_PARENT / "sapiens_seg").glob("_core*")):
-    pytest.skip(f"the Python extension is not built in {PKG_PARENT / 'sapiens_seg'}",
-                allow_module_level=True)
-
-sys.path.insert(0, str(PKG_PARENT))
-_loaded = sys.modules.get("sapiens_seg")
-if _loaded is not None and Path(_loaded.__file__).resolve().parent.parent != PKG_PARENT.resolve():
-    for _name in [m for m in sys.modules if m == "sapiens_seg" or m.startswith("sapiens_seg.")]:
-        del sys.modules[_name]
+use_built_package()
 
 import cv2  # noqa: E402
 from PIL import Image  # noqa: E402

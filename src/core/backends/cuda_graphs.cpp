@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "backends.hpp"
 #include "../checkpoint/layout.hpp"
+#include "backends.hpp"
 
 namespace sapiens_seg::core {
 namespace {
