@@ -53,6 +53,7 @@
 #endif
 
 #include "sapiens_seg/error.hpp"
+#include "sapiens_seg/names.hpp"
 #include "sapiens_seg/version.hpp"
 
 #ifdef SPEED_CHECK_WITH_API
@@ -64,11 +65,11 @@
 #include <torch/script.h>
 
 #include "core/backends/backends.hpp"
+#include "core/backends/cuda_graphs.hpp"
 #include "core/checkpoint/safetensors.hpp"
 #include "core/checkpoint/torchscript.hpp"
 #include "core/cpu/cpuid.hpp"
 #include "core/cpu/gemm.hpp"
-#include "core/backends/cuda_graphs.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
 #ifdef SAPIENS_SEG_WITH_KERNELS
@@ -265,24 +266,13 @@ class Pipeline {
 
 #ifdef SPEED_CHECK_WITH_API
 
+// The library's mode names, and one of the benchmark's own that the API cannot run.
 sapiens_seg::Mode parse_mode(const std::string& m) {
-  if (m == "original") return sapiens_seg::Mode::kOriginal;
   if (m == "original-autocast") {
     throw std::invalid_argument(
         "original under autocast runs in builds without the IO layer only (the core pipeline)");
   }
-  if (m == "portable") return sapiens_seg::Mode::kPortable;
-  if (m == "kernels") return sapiens_seg::Mode::kKernels;
-  if (m == "auto") return sapiens_seg::Mode::kAuto;
-  throw std::invalid_argument("unknown mode '" + m + "'");
-}
-
-sapiens_seg::DType parse_dtype(const std::string& d) {
-  if (d == "float32") return sapiens_seg::DType::kFloat32;
-  if (d == "bfloat16") return sapiens_seg::DType::kBFloat16;
-  if (d == "float16") return sapiens_seg::DType::kFloat16;
-  if (d == "default") return sapiens_seg::DType::kDefault;
-  throw std::invalid_argument("unknown dtype '" + d + "'");
+  return sapiens_seg::parse_mode(m);
 }
 
 class ApiPipeline final : public Pipeline {
@@ -290,7 +280,7 @@ class ApiPipeline final : public Pipeline {
   explicit ApiPipeline(const WorkerOptions& o) {
     sapiens_seg::LoadOptions opt;
     opt.mode = parse_mode(o.mode);
-    opt.dtype = parse_dtype(o.dtype);
+    opt.dtype = sapiens_seg::parse_dtype(o.dtype);
     opt.device = o.device;
     opt.threads = o.threads;
     opt.accept_noncommercial = o.accept_noncommercial;
@@ -393,11 +383,7 @@ class CorePipeline final : public Pipeline {
   explicit CorePipeline(const WorkerOptions& o) {
     if (o.threads > 0) at::set_num_threads(o.threads);
     const c10::Device device = core::resolve_device(o.device);
-    sapiens_seg::DType dt = sapiens_seg::DType::kDefault;
-    if (o.dtype == "float32") dt = sapiens_seg::DType::kFloat32;
-    if (o.dtype == "bfloat16") dt = sapiens_seg::DType::kBFloat16;
-    if (o.dtype == "float16") dt = sapiens_seg::DType::kFloat16;
-    const at::ScalarType dtype = core::resolve_dtype(dt, device);
+    const at::ScalarType dtype = core::resolve_dtype(sapiens_seg::parse_dtype(o.dtype), device);
     const std::string ext = ".safetensors";
     if (o.model.size() > ext.size() &&
         o.model.compare(o.model.size() - ext.size(), ext.size(), ext) == 0) {
@@ -433,7 +419,7 @@ class CorePipeline final : public Pipeline {
         runner_ = std::make_unique<AutocastRunner>(
             core::make_original_v1(ckpt_, v1_, device, at::kFloat), dtype);
       } else {
-        runner_ = o.mode == "original"  ? core::make_original_v1(ckpt_, v1_, device, dtype)
+        runner_ = o.mode == "original" ? core::make_original_v1(ckpt_, v1_, device, dtype)
                   : o.mode == "kernels" ? core::make_kernels_v1(ckpt_, v1_, device, dtype)
                                         : core::make_portable_v1(ckpt_, v1_, device, dtype);
       }

@@ -54,6 +54,12 @@ SAPIENS_SEG_API std::vector<BrokenCard> broken_cards();
 // The card for `id` (a trailing "@revision" must match the card's revision). Throws
 // Error(kNotFound) listing the known ids.
 SAPIENS_SEG_API Card find_card(const std::string& id);
+// The licence gate every load passes: returns when the card allows commercial use, when
+// `accept_noncommercial` is set, or when SAPIENS_SEG_NONCOMMERCIAL is true (1, true, yes, on);
+// else throws Error(kLicenseNotAccepted) saying how to accept it. For front ends that check
+// before they start work (a batch job's driver), so that they apply the library's rule, not a
+// copy of it.
+SAPIENS_SEG_API void check_license(const Card& card, bool accept_noncommercial);
 // Parse one card file. Throws Error(kFormatError) naming the file and the field.
 SAPIENS_SEG_API Card read_card(const std::string& path);
 

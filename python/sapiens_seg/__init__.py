@@ -61,6 +61,7 @@ __all__ = [
     "download",
     "read_image",
     "resize",
+    "find_card",
     "list_cards",
     "system_info",
     "Backend",
@@ -161,13 +162,21 @@ def list_cards() -> list[Card]:
         for card in sapiens_seg.list_cards():
             print(card.id, card.license, card.sha256 or "NOT PINNED")
     """
-    cards = []
-    for d in _core.list_cards():
-        d["input_size"] = (d.pop("input_height"), d.pop("input_width"))
-        d["classes"] = tuple(d["classes"])
-        d["palette"] = tuple(tuple(int(v) for v in rgb) for rgb in d["palette"].tolist())
-        cards.append(Card(**d))
-    return cards
+    return [_card(d) for d in _core.list_cards()]
+
+
+def find_card(model_id: str) -> Card:
+    """The card of ``model_id``, which may end in ``@revision`` (the card's revision must start
+    with it), as the library resolves ids; :class:`WeightsNotFoundError` naming the known ids
+    otherwise."""
+    return _card(_core.find_card(model_id))
+
+
+def _card(d: dict) -> Card:
+    d["input_size"] = (d.pop("input_height"), d.pop("input_width"))
+    d["classes"] = tuple(d["classes"])
+    d["palette"] = tuple(tuple(int(v) for v in rgb) for rgb in d["palette"].tolist())
+    return Card(**d)
 
 
 def system_info() -> SystemInfo:

@@ -70,6 +70,39 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_MEMORY = 11
     """An allocation failed: host memory, CUDA memory, or a thread that cannot start."""
 
+    @property
+    def label(self) -> str:
+        """The code as the library's messages, the CLI and ``summary.json`` spell it
+        (``"not_found"``, ``"io_error"``, ...)."""
+        return _native_codes()[int(self)][0]
+
+    @property
+    def exit_status(self) -> int:
+        """The exit status of ``sapiens-seg`` (and ``python -m sapiens_seg.ray``) for a failure
+        of this code."""
+        return _native_codes()[int(self)][1]
+
+    @classmethod
+    def from_label(cls, label: str) -> ErrorCode:
+        """The code that :attr:`label` spells ``label``; ``ValueError`` for an unknown one."""
+        for value, (name, _) in _native_codes().items():
+            if name == label:
+                return cls(value)
+        raise ValueError(f"not an error code: {label!r}")
+
+
+def _native_codes() -> dict[int, tuple[str, int]]:
+    """value -> (label, exit status), from the library's table (sapiens_seg/names.hpp)."""
+    global _CODES
+    if _CODES is None:
+        from . import _core
+
+        _CODES = {value: (label, status) for value, label, status in _core.error_codes()}
+    return _CODES
+
+
+_CODES: dict[int, tuple[str, int]] | None = None
+
 
 class SapiensSegError(Exception):
     """Base class of every error the library raises; ``code`` says which kind it is."""

@@ -98,6 +98,9 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from . import _core
+from .errors import ErrorCode
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -368,24 +371,16 @@ def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int = 8,
 
 # ---- naming ----------------------------------------------------------------------------------
 
-def output_names(paths: Sequence[str]) -> list[str]:
-    """The CLI's output names for these inputs, in this order: each file's stem, with ``_2``,
-    ``_3``, ... appended to the second, third, ... input sharing a stem.
+def output_names(paths: Sequence[str], output_dir: str = ".") -> list[str]:
+    """The CLI's output names for these inputs written into ``output_dir``, in this order: the
+    library's own naming rule (``docs/cli-outputs.md``), so the two drivers name alike. A stem
+    shared by several inputs is extended by their extensions, then by a hash of their paths.
 
     Example::
 
-        output_names(["a/x.jpg", "b/x.png", "b/y.png"])   # ['x', 'x_2', 'y']
+        output_names(["a/x.jpg", "b/x.png", "b/y.png"])   # ['x_jpg', 'x_png', 'y']
     """
-    taken: set[str] = set()
-    names = []
-    for p in paths:
-        stem = _stem(p)
-        name, k = stem, 2
-        while name in taken:
-            name, k = f"{stem}_{k}", k + 1
-        taken.add(name)
-        names.append(name)
-    return names
+    return _core.output_bases([str(p) for p in paths], str(output_dir))
 
 
 def _stem(path: str) -> str:
@@ -486,16 +481,12 @@ def _objects(n: int) -> np.ndarray:
     return np.empty(n, dtype=object)
 
 
-_CODE_NAMES = {"IO": "io_error", "INTERNAL": "internal_error"}
-
-
 def _describe(e: BaseException) -> tuple[str, str]:
     """(code, message) of a row's failure; codes as the CLI's summary spells them."""
     from .errors import SapiensSegError
 
     if isinstance(e, SapiensSegError):
-        name = e.code.name
-        code = _CODE_NAMES.get(name, name.lower())
+        code = e.code.label
     elif isinstance(e, MemoryError):
         code = "out_of_memory"
     elif isinstance(e, FileNotFoundError):
@@ -537,10 +528,13 @@ def _assigned_cpus() -> int:
 
 # ---- the command -----------------------------------------------------------------------------
 
-_EXIT_CODES = {"not_found": 11, "checksum_mismatch": 12, "download_failed": 13, "offline": 14,
-               "license_not_accepted": 15, "backend_unavailable": 16, "invalid_input": 17,
-               "format_error": 18, "io_error": 19, "internal_error": 20,
-               "out_of_memory": 21}
+def _exit_status(label: str) -> int:
+    """The CLI's exit status for a failure spelled ``label``; internal_error's for an unknown
+    one."""
+    try:
+        return ErrorCode.from_label(label).exit_status
+    except ValueError:
+        return ErrorCode.INTERNAL.exit_status
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -556,11 +550,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output folder or URI")
     p.add_argument("-m", "--model", default="sapiens-seg-0.3b-goliath",
                    help="card id or checkpoint path (default: %(default)s)")
-    p.add_argument("--mode", default="auto", choices=("auto", "portable", "kernels", "original"))
+    names = _core.option_names()  # the library's, as the CLI takes them
+    p.add_argument("--mode", default=names["mode"][0], choices=names["mode"])
     p.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: the actor's GPU when it has one)")
-    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
-    p.add_argument("--normalization", default="demo", choices=("demo", "training"))
+    p.add_argument("--dtype", default=None, choices=[n for n in names["dtype"] if n != "default"])
+    p.add_argument("--normalization", default=names["normalization"][0],
+                   choices=names["normalization"])
     p.add_argument("--batch-size", type=int, default=4, help="images per network call")
     p.add_argument("--concurrency", type=int, default=None,
                    help="actors (each holds a copy of the model; default: as many as fit)")
@@ -642,22 +638,25 @@ def _list_inputs(args: Iterable[str], recursive: bool,
 
 
 def _precheck(model: str, accept_noncommercial: bool, local: bool) -> tuple[int, str] | None:
-    """Fails fast in the driver, before any actor starts, on what would fail every actor."""
-    from . import list_cards
+    """Fails fast in the driver, before any actor starts, on what would fail every actor. The
+    card lookup (``id@revision`` included) and the licence gate are the library's own."""
+    from . import find_card
+    from .errors import LicenseNotAcceptedError, WeightsNotFoundError
 
     if os.path.exists(model):
         return None
-    card = next((c for c in list_cards() if c.id == model), None)
-    if card is None:
+    try:
+        card = find_card(model)
+    except WeightsNotFoundError as e:
         if not local:
             return None  # a path that only the cluster's nodes have, or their own cards
         if os.sep in model or model.endswith((".pt2", ".pt", ".safetensors")):
-            return 11, f"model file not found: {model}"
-        return 11, f"no model card '{model}' (see `sapiens-seg models`) and no such file"
-    if not card.commercial_use and not (accept_noncommercial
-                                        or os.environ.get("SAPIENS_SEG_NONCOMMERCIAL") == "1"):
-        return 15, (f"{model} is licensed {card.license} (non-commercial use only): pass "
-                    "--accept-noncommercial (or set SAPIENS_SEG_NONCOMMERCIAL=1)")
+            return ErrorCode.NOT_FOUND.exit_status, f"model file not found: {model}"
+        return ErrorCode.NOT_FOUND.exit_status, str(e)
+    try:
+        _core.check_license(card.id, accept_noncommercial)
+    except LicenseNotAcceptedError as e:
+        return ErrorCode.LICENSE_NOT_ACCEPTED.exit_status, str(e)
     return None
 
 
@@ -681,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not found and not missing:
         print("sapiens-seg-ray: error [invalid_input]: no inputs (folders are searched for "
               f"{args.ext}; use --recursive for sub-folders)", file=sys.stderr)
-        return 17
+        return ErrorCode.INVALID_INPUT.exit_status
     model = os.path.abspath(args.model) if os.path.exists(args.model) else args.model
     refused = _precheck(model, args.accept_noncommercial, local=args.address is None)
     if refused is not None:
@@ -696,7 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         print(f"sapiens-seg-ray: error [io_error]: cannot create output folder {args.output}: "
               f"{e}", file=sys.stderr)
-        return 19
+        return ErrorCode.IO.exit_status
 
     if args.address is None and not os.path.exists(model):
         # A local cluster has one node, this one: fetch and verify the weights here first, with
@@ -724,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The rows (input as given, absolute path or URI, output name) are made here and handed
         # to Ray as local blocks: a few blocks per actor, each a whole number of batches.
         rows = [{"input": p, "path": _absolute(p), "name": n}
-                for p, n in zip(found, output_names(found))]
+                for p, n in zip(found, output_names(found, args.output))]
         n_blocks = min(len(rows), 4 * max(1, args.concurrency or 2))
         per_block = max(args.batch_size, -(-len(rows) // n_blocks))
         ds = segment_dataset(
@@ -741,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code, message = _job_error(e)
             print(f"sapiens-seg-ray: error [{code}]: the Ray job failed: {message}",
                   file=sys.stderr)
-            return _EXIT_CODES.get(code, 1)
+            return _exit_status(code)
     finally:
         ray.shutdown()
     print(f"sapiens-seg-ray: {n_ok} segmented, {n_failed} failed; label PNGs and summary in "
@@ -776,8 +775,7 @@ def _job_error(e: BaseException) -> tuple[str, str]:
     if m:
         cls = getattr(errors, m.group(1), None)
         if isinstance(cls, type) and issubclass(cls, errors.SapiensSegError):
-            name = cls.code.name
-            return _CODE_NAMES.get(name, name.lower()), m.group(2).strip()
+            return cls.code.label, m.group(2).strip()
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return "internal_error", lines[-1] if lines else type(e).__name__
 
@@ -795,7 +793,7 @@ def _write_summaries(ds: ray.data.Dataset | None, missing: list[str], fs: pafs.F
     for m in missing:
         entries.append({"input": m, "status": "error", "error": "not_found",
                         "message": f"input not found: {m}"})
-        status = status or _EXIT_CODES["not_found"]
+        status = status or ErrorCode.NOT_FOUND.exit_status
         n_failed += 1
     parquet_tmp = posixpath.join(base, f".summary.parquet.tmp-{uuid.uuid4().hex[:8]}")
     writer = None
@@ -818,7 +816,7 @@ def _write_summaries(ds: ray.data.Dataset | None, missing: list[str], fs: pafs.F
                         n_failed += 1
                         entries.append({"input": row["input"], "status": "error",
                                         "error": row["error_code"], "message": row["error"]})
-                        status = status or _EXIT_CODES.get(row["error_code"], 20)
+                        status = status or _exit_status(row["error_code"])
         if writer is not None:
             writer.close()
             writer = None

@@ -53,12 +53,15 @@ if TYPE_CHECKING:
 __all__ = ["Backend", "DownloadProgress", "Model", "ModelInfo", "Result", "download", "load",
            "read_image", "resize"]
 
-_MODES = ("auto", "portable", "kernels", "original")
-_DTYPES = ("float32", "float16", "bfloat16")
-_NORMALIZATIONS = ("demo", "training")
-_PIPELINES = ("auto", "host", "device")
+# The option names are the library's (sapiens_seg/names.hpp), as the CLI takes them. A dtype
+# given as None is the library's "default".
+_OPTION_NAMES = _core.option_names()
+_MODES = tuple(_OPTION_NAMES["mode"])
+_DTYPES = tuple(n for n in _OPTION_NAMES["dtype"] if n != "default")
+_NORMALIZATIONS = tuple(_OPTION_NAMES["normalization"])
+_PIPELINES = tuple(_OPTION_NAMES["pipeline"])
 _INTERPOLATIONS = ("linear", "area", "cubic")
-_CUBICS = ("wheel", "opencv")
+_CUBICS = tuple(_OPTION_NAMES["cubic"])
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 DEFAULT_BATCH_SIZE = 4
@@ -321,7 +324,9 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
             transformers naming). Weights of a
             card are looked up in ``SAPIENS_SEG_WEIGHTS_PATH``, the sapiens-seg cache and the
             Hugging Face cache, and checked against the card's SHA-256.
-        mode: ``"auto"`` (the fastest that runs here), ``"portable"`` (the network on LibTorch
+        mode: ``"auto"`` (``"portable"`` today on every device: it would take ``"kernels"`` only
+            where a model card records a measurement preferring them, and none does yet),
+            ``"portable"`` (the network on LibTorch
             operators), ``"kernels"`` (the project's CUDA kernels) or ``"original"`` (the
             checkpoint's own TorchScript graph; Sapiens v1 only). A mode that cannot run raises
             :class:`~sapiens_seg.BackendUnavailableError`; nothing falls back silently.
@@ -555,7 +560,7 @@ def _dtype_arg(dtype: Any) -> str:
         raise TypeError("dtype: expected None, 'float32', 'float16', 'bfloat16' or a torch.dtype, "
                         f"got {type(dtype).__name__}")
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype: expected None, 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+        raise ValueError(f"dtype: expected None, {', '.join(map(repr, _DTYPES))}, got {dtype!r}")
     return dtype
 
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/naming.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
 namespace py = pybind11;
@@ -199,34 +200,15 @@ py::list str_list(const std::vector<std::string>& v) {
 
 // ---- model --------------------------------------------------------------------------------
 
-ss::Mode parse_mode(const std::string& s) {
-  if (s == "auto") return ss::Mode::kAuto;
-  if (s == "portable") return ss::Mode::kPortable;
-  if (s == "kernels") return ss::Mode::kKernels;
-  if (s == "original") return ss::Mode::kOriginal;
-  throw py::value_error("mode: expected 'auto', 'portable', 'kernels' or 'original', got '" + s +
-                        "'");
-}
-
-ss::DType parse_dtype(const std::string& s) {
-  if (s == "default") return ss::DType::kDefault;
-  if (s == "float32") return ss::DType::kFloat32;
-  if (s == "float16") return ss::DType::kFloat16;
-  if (s == "bfloat16") return ss::DType::kBFloat16;
-  throw py::value_error("dtype: expected 'float32', 'float16' or 'bfloat16', got '" + s + "'");
-}
-
-ss::Normalization parse_normalization(const std::string& s) {
-  if (s == "demo") return ss::Normalization::kDemo;
-  if (s == "training") return ss::Normalization::kTraining;
-  throw py::value_error("normalization: expected 'demo' or 'training', got '" + s + "'");
-}
-
-ss::Pipeline parse_pipeline(const std::string& s) {
-  if (s == "auto") return ss::Pipeline::kAuto;
-  if (s == "host") return ss::Pipeline::kHost;
-  if (s == "device") return ss::Pipeline::kDevice;
-  throw py::value_error("pipeline: expected 'auto', 'host' or 'device', got '" + s + "'");
+// An option's name through the library's table (names.hpp), as the built-in ValueError that
+// Python callers expect for a bad argument.
+template <class Parse>
+auto parse_option(Parse parse, const std::string& s) {
+  try {
+    return parse(s);
+  } catch (const ss::Error& e) {
+    throw py::value_error(e.what());
+  }
 }
 
 // ---- downloads ----------------------------------------------------------------------------
@@ -283,18 +265,17 @@ ss::Model load(const py::bytes& name, const std::string& mode, const std::string
                int input_width, const std::string& pipeline, const std::string& cubic,
                const py::object& progress) {
   ss::LoadOptions opt;
-  opt.mode = parse_mode(mode);
+  opt.mode = parse_option(ss::parse_mode, mode);
   opt.device = device;
-  opt.dtype = parse_dtype(dtype);
-  opt.normalization = parse_normalization(normalization);
+  opt.dtype = parse_option(ss::parse_dtype, dtype);
+  opt.normalization = parse_option(ss::parse_normalization, normalization);
   opt.accept_noncommercial = accept_noncommercial;
   opt.allow_unverified = allow_unverified;
   opt.threads = threads;
   opt.input_height = input_height;
   opt.input_width = input_width;
-  opt.pipeline = parse_pipeline(pipeline);
-  if (cubic != "wheel" && cubic != "opencv") throw py::value_error("cubic: 'wheel' or 'opencv'");
-  opt.cubic = cubic == "opencv" ? ss::CubicResize::kOpenCV : ss::CubicResize::kWheel;
+  opt.pipeline = parse_option(ss::parse_pipeline, pipeline);
+  opt.cubic = parse_option(ss::parse_cubic, cubic);
   const std::string id = path_arg(name, "name_or_path");
   PythonProgress watch(progress);
   opt.fetch.progress = watch.callback();
@@ -439,6 +420,20 @@ py::list list_cards() {
   return out;
 }
 
+py::dict find_card(const std::string& id) {
+  ss::Card card;
+  {
+    py::gil_scoped_release nogil;
+    card = ss::find_card(id);
+  }
+  return card_dict(card);
+}
+
+void check_license(const std::string& id, bool accept_noncommercial) {
+  py::gil_scoped_release nogil;
+  ss::check_license(ss::find_card(id), accept_noncommercial);
+}
+
 py::dict system_info() {
   ss::SystemInfo s;
   {
@@ -494,13 +489,7 @@ py::array resize(const py::array& image, int height, int width, const std::strin
   } else {
     throw py::value_error("interpolation: expected 'linear', 'area' or 'cubic'");
   }
-  if (cubic == "wheel") {
-    opt.cubic = ss::CubicResize::kWheel;
-  } else if (cubic == "opencv") {
-    opt.cubic = ss::CubicResize::kOpenCV;
-  } else {
-    throw py::value_error("cubic: expected 'wheel' or 'opencv'");
-  }
+  opt.cubic = parse_option(ss::parse_cubic, cubic);
   opt.device = device;
   ss::Image out;
   {
@@ -619,6 +608,39 @@ PYBIND11_MODULE(_core, m) {
   m.def("fetch", &fetch, py::arg("name"), py::arg("progress") = py::none(),
         "Makes a card's weights present and verified (downloading them); returns the path.");
   m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
+  m.def("find_card", &find_card, py::arg("id"),
+        "The card of an id (a trailing @revision must match), as a dict; WeightsNotFoundError "
+        "otherwise.");
+  m.def("check_license", &check_license, py::arg("id"), py::arg("accept_noncommercial"),
+        "The library's licence gate for a card id: LicenseNotAcceptedError unless its licence, "
+        "accept_noncommercial or SAPIENS_SEG_NONCOMMERCIAL allows the weights.");
+  m.def(
+      "option_names",
+      [] {
+        py::dict d;
+        d["mode"] = ss::mode_names();
+        d["dtype"] = ss::dtype_names();
+        d["normalization"] = ss::normalization_names();
+        d["pipeline"] = ss::pipeline_names();
+        d["cubic"] = ss::cubic_names();
+        return d;
+      },
+      "The library's names of each option's values (the first is the default), as the CLI "
+      "takes them.");
+  m.def(
+      "error_codes",
+      [] {
+        py::list out;
+        for (const ss::ErrorCode c : ss::error_codes()) {
+          out.append(py::make_tuple(static_cast<int>(c), std::string(ss::to_string(c)),
+                                    ss::exit_status(c)));
+        }
+        return out;
+      },
+      "Every error code as (value, name as messages and JSON spell it, the CLI's exit status).");
+  m.def("output_bases", &ss::cli::run_bases, py::arg("paths"), py::arg("output_dir"),
+        "The CLI's output base names of these inputs written into output_dir (a fresh run): "
+        "<base>_seg.png is each one's label PNG.");
   m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
   m.def("read_image", &read_image, py::arg("item"),
         "Decodes a (kind, payload) file or bytes item to (HxWx3 uint8 RGB, decoder warnings) as "

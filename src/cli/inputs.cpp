@@ -68,16 +68,10 @@ std::string kind_of(fs::file_type t) {
   }
 }
 
-std::string normal_key(const fs::path& p) {
-  std::error_code ec;
-  const fs::path c = fs::weakly_canonical(p, ec);
-  return ec ? fs::absolute(p, ec).lexically_normal().string() : c.string();
-}
-
 class Expander {
  public:
   explicit Expander(const InputRules& rules) : rules_(rules) {
-    out_key_ = rules.out_dir.empty() ? std::string() : normal_key(rules.out_dir);
+    out_key_ = rules.out_dir.empty() ? std::string() : path_identity(rules.out_dir);
   }
 
   // A path named by the user (argument or list entry).
@@ -126,7 +120,7 @@ class Expander {
   }
 
   void take(const std::string& p) {
-    if (!seen_.insert(normal_key(p)).second) return;  // named twice: one input
+    if (!seen_.insert(path_identity(p)).second) return;  // named twice: one input
     out_.items.push_back({p, is_video_path(p)});
   }
 
@@ -137,7 +131,7 @@ class Expander {
     while (!pending.empty()) {
       const fs::path dir = pending.back();
       pending.pop_back();
-      const bool is_out_dir = !out_key_.empty() && normal_key(dir) == out_key_;
+      const bool is_out_dir = !out_key_.empty() && path_identity(dir) == out_key_;
       std::error_code ec;
       fs::directory_iterator it(dir, ec), end;
       if (ec) {
@@ -152,7 +146,7 @@ class Expander {
         const fs::file_status link = e.symlink_status(sec);
         if (link.type() == fs::file_type::directory) {
           if (!rules_.recursive) continue;
-          if (!out_key_.empty() && normal_key(e.path()) == out_key_) {
+          if (!out_key_.empty() && path_identity(e.path()) == out_key_) {
             out_.notes.push_back("the output folder " + e.path().string() + " lies in " + root +
                                  ": it is not searched for inputs");
             continue;

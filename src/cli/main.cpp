@@ -34,40 +34,29 @@ namespace {
 // next run.
 std::atomic<bool>& g_cancel = cli::stop_flag();
 
-int exit_code(ErrorCode c) {
-  return 10 + static_cast<int>(c);
-}
-
 void print_error(const Error& e) {
   std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                cli::plain_text(e.what(), /*keep_newlines=*/true).c_str());
 }
 
+// The library's defaults, as the parser shows and takes them.
 struct LoadArgs {
-  std::string mode = "auto", device, dtype = "default", normalization = "demo";
-  std::string pipeline = "auto", cubic = "wheel";
+  std::string mode{to_string(LoadOptions{}.mode)}, device, dtype{to_string(LoadOptions{}.dtype)};
+  std::string normalization{to_string(LoadOptions{}.normalization)};
+  std::string pipeline{to_string(LoadOptions{}.pipeline)}, cubic{to_string(LoadOptions{}.cubic)};
   int threads = 0;
   bool accept_nc = false, allow_unverified = false, use_hf_token = false;
 };
 
 LoadOptions load_options(const LoadArgs& a) {
-  static const std::map<std::string, Mode> modes = {{"auto", Mode::kAuto},
-                                                    {"portable", Mode::kPortable},
-                                                    {"kernels", Mode::kKernels},
-                                                    {"original", Mode::kOriginal}};
-  static const std::map<std::string, DType> dtypes = {{"default", DType::kDefault},
-                                                      {"float32", DType::kFloat32},
-                                                      {"float16", DType::kFloat16},
-                                                      {"bfloat16", DType::kBFloat16}};
+  // The names were checked by the parser against the same tables (names.hpp).
   LoadOptions o;
-  o.mode = modes.at(a.mode);
+  o.mode = parse_mode(a.mode);
   o.device = a.device;
-  o.dtype = dtypes.at(a.dtype);
-  o.normalization = a.normalization == "training" ? Normalization::kTraining : Normalization::kDemo;
-  o.pipeline = a.pipeline == "host"     ? Pipeline::kHost
-               : a.pipeline == "device" ? Pipeline::kDevice
-                                        : Pipeline::kAuto;
-  o.cubic = a.cubic == "opencv" ? CubicResize::kOpenCV : CubicResize::kWheel;
+  o.dtype = parse_dtype(a.dtype);
+  o.normalization = parse_normalization(a.normalization);
+  o.pipeline = parse_pipeline(a.pipeline);
+  o.cubic = parse_cubic(a.cubic);
   o.accept_noncommercial = a.accept_nc;
   o.allow_unverified = a.allow_unverified;
   o.threads = a.threads;
@@ -168,7 +157,7 @@ int run_models_verify(const std::string& id) {
     } catch (const Error& e) {
       std::cout << i << "  FAILED\n";
       print_error(e);
-      if (status == 0) status = exit_code(e.code());
+      if (status == 0) status = exit_status(e.code());
     }
   }
   if (ids.empty()) std::cerr << "no downloaded weights to verify\n";
@@ -181,7 +170,7 @@ int run_models_path(const std::string& id) {
   if (!s.present) {
     std::fprintf(stderr, "sapiens-seg: %s is not downloaded; this is where it would go\n",
                  s.id.c_str());
-    return exit_code(ErrorCode::kNotFound);
+    return exit_status(ErrorCode::kNotFound);
   }
   return 0;
 }
@@ -194,7 +183,7 @@ int run_models_rm(const std::string& id) {
                       ? std::string()
                       : "(its file is in " + s.location + ", which sapiens-seg never deletes)")
                      .c_str());
-    return exit_code(ErrorCode::kNotFound);
+    return exit_status(ErrorCode::kNotFound);
   }
   std::cout << "removed " << s.id << "\n";
   return 0;
@@ -258,25 +247,25 @@ int main(int argc, char** argv) try {
   s->add_option("-m,--model", seg.model, "card id (see `models`) or checkpoint path")
       ->capture_default_str();
   s->add_option("--mode", la.mode, "backend")
-      ->check(CLI::IsMember({"auto", "portable", "kernels", "original"}))
+      ->check(CLI::IsMember(mode_names()))
       ->capture_default_str();
   s->add_option("--device", la.device, "cpu, cuda or cuda:N (default: cuda when present)");
   s->add_option("--dtype", la.dtype, "compute precision")
-      ->check(CLI::IsMember({"default", "float32", "float16", "bfloat16"}))
+      ->check(CLI::IsMember(dtype_names()))
       ->capture_default_str();
   s->add_option("--normalization", la.normalization,
                 "mean/std: the authors' demo or training values")
-      ->check(CLI::IsMember({"demo", "training"}))
+      ->check(CLI::IsMember(normalization_names()))
       ->capture_default_str();
   s->add_option("--pipeline", la.pipeline,
                 "resize, normalisation and upsample+argmax on the host or where the network runs "
                 "(auto: device on CUDA); the same resized bytes either way")
-      ->check(CLI::IsMember({"auto", "host", "device"}))
+      ->check(CLI::IsMember(pipeline_names()))
       ->capture_default_str();
   s->add_option("--cubic", la.cubic,
                 "Sapiens2's INTER_CUBIC bytes: the x86-64 opencv-python wheel's (IPP) or "
                 "OpenCV's own (cv2.setUseOptimized(False), builds without IPP)")
-      ->check(CLI::IsMember({"wheel", "opencv"}))
+      ->check(CLI::IsMember(cubic_names()))
       ->capture_default_str();
   s->add_option("--batch-size,--batch", seg.batch, "images per network call")
       ->check(CLI::Range(1, 256))
@@ -376,11 +365,11 @@ int main(int argc, char** argv) try {
       return 128 + (cli::stop_signal() ? cli::stop_signal() : SIGINT);
     }
     print_error(e);
-    return exit_code(e.code());
+    return exit_status(e.code());
   }
   return 0;
 } catch (...) {  // setting up the parser itself failed
   const Error e = as_error(std::current_exception(), "sapiens-seg");
   print_error(e);
-  return exit_code(e.code());
+  return exit_status(e.code());
 }

@@ -177,6 +177,38 @@ std::vector<std::string> assign_bases(const std::vector<NameRequest>& requests,
   return base;
 }
 
+std::string path_identity(const std::string& path) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(path, ec);
+  return ec ? fs::absolute(path, ec).lexically_normal().string() : c.string();
+}
+
+std::set<std::string> reserved_names(const std::vector<NameRequest>& requests,
+                                     const std::string& out_dir) {
+  std::set<std::string> reserved = {"summary.json", ".sapiens-seg-write-test"};
+  const std::string out_key = path_identity(out_dir);
+  for (const auto& r : requests) {
+    if (fs::path(r.identity).parent_path().string() == out_key) {
+      reserved.insert(fs::path(r.identity).filename().string());
+    }
+  }
+  return reserved;
+}
+
+std::vector<std::string> run_bases(const std::vector<std::string>& paths,
+                                   const std::string& out_dir) {
+  std::vector<NameRequest> requests(paths.size());
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    requests[i].path = paths[i];
+    requests[i].identity =
+        paths[i].find("://") != std::string::npos ? paths[i] : path_identity(paths[i]);
+  }
+  // The Ray driver writes label PNGs only; the claims of the other outputs are the CLI's all
+  // the same, so both drivers give an input the same base.
+  return assign_bases(requests, reserved_names(requests, out_dir), OverlayStyle::kBlend,
+                      [](const std::string&) { return true; });
+}
+
 std::string base_of_output(const std::string& kind, const std::string& file_name) {
   static const std::pair<const char*, const char*> suffixes[] = {
       {"labels_png", "_seg.png"}, {"labels_npy", "_seg.npy"},        {"logits_npy", "_logits.npy"},

@@ -20,6 +20,9 @@
 // previous summary.json records for each input it lists, so names found once are found again;
 // such an input also keeps its stem's level-0 names from newcomers (a.bmp added beside a.jpg
 // and a.png, kept as a_jpg and a_png, is a_bmp, as a fresh run of the three would name it).
+//
+// The rule is the CLI's and also `python -m sapiens_seg.ray`'s: the binding calls run_bases(), so
+// the two drivers name the same inputs alike.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +71,20 @@ struct NameRequest {
 std::vector<std::string> assign_bases(const std::vector<NameRequest>& requests,
                                       const std::set<std::string>& taken, OverlayStyle style,
                                       const CanWriteExt& can_write);
+
+// An input's identity: its absolute, normal path (symbolic links resolved where the file exists).
+std::string path_identity(const std::string& path);
+
+// The file names that no output of a run writing into `out_dir` may have: summary.json, the
+// folder's write test, and every input of the run that lies in `out_dir` itself.
+std::set<std::string> reserved_names(const std::vector<NameRequest>& requests,
+                                     const std::string& out_dir);
+
+// The bases of a fresh run (no previous summary) of these inputs into `out_dir`, with the blend
+// overlay: what the Python Ray driver names its label PNGs by. A path holding "://" (a URI) is its
+// own identity.
+std::vector<std::string> run_bases(const std::vector<std::string>& paths,
+                                   const std::string& out_dir);
 
 // The base of an output file name of a previous run (kind as in the summary's "outputs":
 // "labels_png", "labels_npy", ...), "" when the name does not have that kind's form.

@@ -43,10 +43,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-int exit_code(ErrorCode c) {
-  return 10 + static_cast<int>(c);
-}
-
 // Fails early (before loading gigabytes) when the output folder cannot be written.
 void prepare_out_dir(const std::string& dir) {
   std::error_code ec;
@@ -103,7 +99,7 @@ class Reporter {
                  plain_text(e.what()).c_str());
     if (args_.json_lines) out(dump_json(entry));
     summary_.push_back(dump_json(entry));
-    if (status_ == 0) status_ = exit_code(e.code());
+    if (status_ == 0) status_ = exit_status(e.code());
     ++done_;
     ++failed_;
     draw();
@@ -126,7 +122,7 @@ class Reporter {
     clear_bar();
     std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                  plain_text(e.what(), /*keep_newlines=*/true).c_str());
-    if (status_ == 0) status_ = exit_code(e.code());
+    if (status_ == 0) status_ = exit_status(e.code());
   }
 
   // Progress inside one video, in frames.
@@ -619,12 +615,6 @@ nlohmann::json merge_summaries(nlohmann::json previous,
   return merged;
 }
 
-std::string key_of(const std::string& path) {
-  std::error_code ec;
-  const fs::path c = fs::weakly_canonical(path, ec);
-  return ec ? fs::absolute(path, ec).lexically_normal().string() : c.string();
-}
-
 bool can_write_ext(const std::string& ext) {
   return cv::haveImageWriter("x" + ext);
 }
@@ -675,25 +665,21 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   if (in.items.empty()) return report.status();
 
   // Every output name of the run, decided before anything is written (naming.hpp).
-  const std::string out_key = key_of(a.out_dir);
-  std::set<std::string> taken = {"summary.json", ".sapiens-seg-write-test"};
   std::vector<NameRequest> requests;
   std::set<std::string> inputs_here;
   requests.reserve(in.items.size());
   for (const auto& item : in.items) {
     NameRequest r;
     r.path = item.path;
-    r.identity = key_of(item.path);
+    r.identity = path_identity(item.path);
     r.video = item.video;
     if (const auto it = prev.base_of.find(item.path); it != prev.base_of.end()) {
       r.pinned_base = it->second;
     }
-    if (fs::path(r.identity).parent_path().string() == out_key) {
-      taken.insert(fs::path(r.identity).filename().string());  // an input in the output folder
-    }
     inputs_here.insert(item.path);
     requests.push_back(std::move(r));
   }
+  std::set<std::string> taken = reserved_names(requests, a.out_dir);
   for (const auto& [input, files] : prev.files_of) {
     if (!inputs_here.count(input)) taken.insert(files.begin(), files.end());
   }

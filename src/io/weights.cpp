@@ -535,4 +535,8 @@ bool remove_weights(const std::string& id) {
   return removed;
 }
 
+void check_license(const Card& card, bool accept_noncommercial) {
+  io::check_license(card, io::GateOptions{accept_noncommercial, false});
+}
+
 }  // namespace sapiens_seg

@@ -6,6 +6,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <new>
@@ -72,6 +73,55 @@ bool contains(const Error& e, const std::string& part) {
 TEST(UnitErrors, OutOfMemoryHasItsOwnCodeAndName) {
   EXPECT_EQ(static_cast<int>(ErrorCode::kOutOfMemory), 11);
   EXPECT_EQ(to_string(ErrorCode::kOutOfMemory), "out_of_memory");
+}
+
+TEST(UnitNames, EveryCodeIsNamedAndExitsAtTenPlusItsValue) {
+  const std::vector<ErrorCode> codes = error_codes();
+  ASSERT_EQ(codes.size(), 11u);
+  for (std::size_t k = 0; k < codes.size(); ++k) {
+    EXPECT_EQ(static_cast<int>(codes[k]), static_cast<int>(k) + 1);
+    EXPECT_NE(to_string(codes[k]), "unknown");
+    EXPECT_EQ(exit_status(codes[k]), 11 + static_cast<int>(k));
+  }
+  EXPECT_EQ(exit_status(ErrorCode::kInvalidInput), 17);
+}
+
+// Each option's names parse back to the value they name, every value has a distinct name, and
+// the first name is the library's default (what the CLI and Python show as the default).
+template <class E>
+void expect_round_trip(const std::vector<std::string>& names, E (*parse)(std::string_view),
+                       E default_value) {
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(parse(names.front()), default_value);
+  std::vector<std::string> seen;
+  for (const auto& n : names) {
+    EXPECT_EQ(to_string(parse(n)), n);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), n), 0) << n;
+    seen.push_back(n);
+  }
+}
+
+TEST(UnitNames, OptionNamesRoundTripAndStartWithTheDefault) {
+  const LoadOptions d;
+  expect_round_trip(mode_names(), &parse_mode, d.mode);
+  expect_round_trip(dtype_names(), &parse_dtype, d.dtype);
+  expect_round_trip(normalization_names(), &parse_normalization, d.normalization);
+  expect_round_trip(pipeline_names(), &parse_pipeline, d.pipeline);
+  expect_round_trip(cubic_names(), &parse_cubic, d.cubic);
+  EXPECT_EQ(mode_names(), (std::vector<std::string>{"auto", "portable", "kernels", "original"}));
+  EXPECT_EQ(dtype_names(), (std::vector<std::string>{"default", "float32", "float16", "bfloat16"}));
+}
+
+TEST(UnitNames, AnUnknownNameIsInvalidInputListingTheChoices) {
+  try {
+    (void)parse_mode("fast");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidInput);
+    EXPECT_TRUE(contains(e, "mode 'fast' is not one of auto, portable, kernels, original"))
+        << e.what();
+  }
+  EXPECT_THROW((void)parse_cubic("Wheel"), Error);  // names are exact, as the CLI takes them
 }
 
 TEST(UnitErrors, AllocationFailuresBecomeOutOfMemory) {

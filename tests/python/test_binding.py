@@ -252,6 +252,33 @@ def test_labels_match_the_reference_recipe(model, stem):
 
 # ---- errors -----------------------------------------------------------------------------------
 
+def test_the_python_error_codes_are_the_librarys():
+    # The Python enum is written out for its docstrings; its values must be the library's, and
+    # the spellings and exit statuses come from the library's one table.
+    native = sapiens_seg._core.error_codes()
+    assert [v for v, _, _ in native] == [int(c) for c in ErrorCode]
+    for value, label, status in native:
+        code = ErrorCode(value)
+        assert code.label == label and code.exit_status == status
+        assert ErrorCode.from_label(label) is code
+        assert label.replace("_error", "").upper() in (code.name, code.name + "_ERROR") or \
+            code.name.lower() == label
+    assert ErrorCode.IO.label == "io_error" and ErrorCode.IO.exit_status == 19
+    with pytest.raises(ValueError):
+        ErrorCode.from_label("IO")
+
+
+def test_option_names_are_the_librarys():
+    # The CLI prints its choices from the same table the binding reads.
+    names = sapiens_seg._core.option_names()
+    help_text = subprocess.run([str(CLI), "segment", "--help"], capture_output=True, text=True,
+                               check=True).stdout
+    for option in ("mode", "dtype", "normalization", "pipeline", "cubic"):
+        assert "{" + ",".join(names[option]) + "}" in help_text, option
+    with pytest.raises(ValueError, match="mode: expected one of 'auto', 'portable', 'kernels'"):
+        segmentation.load(str(TINY_B), mode="fast")
+
+
 def test_every_error_code_has_its_own_class():
     classes = {code: sapiens_seg.errors._class_for_code(int(code)) for code in ErrorCode}
     assert len(set(classes.values())) == len(ErrorCode) == 11

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, PKG_PARENT, CLI, use_built_package
+from conftest import CLI, FIXTURES, PKG_PARENT, REPO, use_built_package
 HERE = Path(__file__).resolve().parent
 TINY_B = FIXTURES / "tiny_b_torchscript.pt2"
 
@@ -118,8 +119,9 @@ def cluster():
                 os.environ[k] = v
 
 
-def check_rows_equal_cli(rows, cli_out, key=lambda row: Path(row["path"]).name):
-    """Every row's labels and statistics equal the CLI's; failed rows carry its error code."""
+def check_rows_equal_cli(rows, cli_out, key=lambda row: Path(row["path"]).name, png_names=None):
+    """Every row's labels and statistics equal the CLI's; failed rows carry its error code. Label
+    PNGs are named as the CLI names them, or by `png_names` (input file name -> PNG name)."""
     out, by_name = cli_out
     seen = [key(row) for row in rows]
     assert len(seen) == len(set(seen)), "a row appears twice"
@@ -141,7 +143,8 @@ def check_rows_equal_cli(rows, cli_out, key=lambda row: Path(row["path"]).name):
         assert sum(row["class_pixels"].values()) == expected.size
         assert abs(sum(row["class_fraction"].values()) - 1.0) < 1e-9
         if row["labels_png"] is not None:
-            assert Path(row["labels_png"]).name == cli_png.name
+            want = cli_png.name if png_names is None else png_names[name]
+            assert Path(row["labels_png"]).name == want
             assert np.array_equal(read_png(row["labels_png"]), expected), name
     return seen
 
@@ -149,7 +152,13 @@ def check_rows_equal_cli(rows, cli_out, key=lambda row: Path(row["path"]).name):
 # ---- without a cluster --------------------------------------------------------------------------
 
 def test_output_names_follow_the_cli():
-    assert output_names(["a/x.jpg", "b/x.png", "b/y.png", "c/x.tif"]) == ["x", "x_2", "y", "x_3"]
+    # The library's rule (src/cli/naming.hpp): a shared stem takes the extension, then a hash of
+    # the input's path; names depend on the set of inputs, not on their order.
+    assert output_names(["a/x.jpg", "b/x.png", "b/y.png", "c/x.tif"]) == \
+        ["x_jpg", "x_png", "y", "x_tif"]
+    assert output_names(["b/y.png", "c/x.tif", "a/x.jpg"]) == ["y", "x_tif", "x_jpg"]
+    twins = output_names(["a/x.jpg", "b/x.jpg"])
+    assert twins[0] != twins[1] and all(re.fullmatch(r"x_jpg_[0-9a-f]{8}", t) for t in twins)
     assert output_names(["s3://bucket/dir/photo.jpg"]) == ["photo"]
 
 
@@ -219,7 +228,8 @@ def test_the_command_on_an_existing_cluster_equals_the_cli(cluster, images, cli_
     assert r.returncode == 17, r.stdout + r.stderr  # as the CLI: the first failure's code
     assert "7 segmented, 2 failed" in r.stdout
     cli_dir, by_name = cli_out
-    # The same label files (names included: gen_noise.jpg and gen_noise.png -> _2), same pixels.
+    # The same label files (names included: gen_noise.jpg and gen_noise.png -> gen_noise_jpg,
+    # gen_noise_png), same pixels.
     assert sorted(p.name for p in out.glob("*_seg.png")) == \
         sorted(p.name for p in cli_dir.glob("*_seg.png"))
     for p in cli_dir.glob("*_seg.png"):
@@ -244,14 +254,15 @@ def test_the_command_on_an_existing_cluster_equals_the_cli(cluster, images, cli_
 
 def test_binary_files_and_read_images_equal_the_cli(cluster, images, cli_out, tmp_path):
     # Encoded bytes: decoded by the library (JPEG included) exactly as the CLI decodes files.
-    # Named by stem (no 'name' column), so the second of the two gen_noise files (the CLI's
-    # gen_noise_2) is left out.
+    # Named by stem (no 'name' column), so one of the two gen_noise files is left out and the
+    # other's PNG is gen_noise_seg.png (the CLI, seeing both, says gen_noise_jpg_seg.png).
     out = tmp_path / "labels"
     paths = sorted(str(p) for p in images.iterdir() if p.name != "gen_noise.png")
     ds = ray.data.read_binary_files(paths, include_paths=True)
     rows = segment_dataset(ds, str(TINY_B), batch_size=3, concurrency=1, device="cpu",
                            output=str(out)).take_all()
-    names = check_rows_equal_cli(rows, cli_out)
+    names = check_rows_equal_cli(rows, cli_out,
+                                 png_names={Path(p).name: f"{Path(p).stem}_seg.png" for p in paths})
     assert sorted(names) == sorted(Path(p).name for p in paths)
     assert sorted(p.name for p in out.iterdir()) == sorted(
         f"{Path(n).stem}_seg.png" for n in names if n not in BAD)
@@ -346,3 +357,27 @@ def test_actors_on_one_node_download_the_weights_once(cluster, images, tmp_path)
     assert {(device, threads) for *_, device, threads in loads} == {("cpu", "1")}
     assert len(hub.gets(TINY_B.name)) == 1  # two actors, one transfer
     assert (tmp_path / "home" / "weights" / TINY_B.name).read_bytes() == payload
+
+
+# The driver's pre-check applies the library's card lookup and licence gate, not copies of them:
+# SAPIENS_SEG_NONCOMMERCIAL=true (which the library accepts, as 1, yes and on) and a model id with
+# an @revision (which the library resolves) used to be refused by the driver alone. Offline, a
+# model that passes the pre-check stops at the weights' download with the offline code (14), so
+# no cluster starts.
+@pytest.mark.parametrize("model,env,code,says", [
+    ("sapiens-seg-0.3b-goliath", {"SAPIENS_SEG_NONCOMMERCIAL": "true"}, 14, "offline"),
+    ("sapiens-seg-0.3b-goliath", {"SAPIENS_SEG_NONCOMMERCIAL": "0"}, 15, "non-commercial"),
+    ("sapiens-seg-0.3b-goliath@5c3ea7a0", {"SAPIENS_SEG_NONCOMMERCIAL": "yes"}, 14, "offline"),
+    ("sapiens-seg-0.3b-goliath@deadbeef", {"SAPIENS_SEG_NONCOMMERCIAL": "1"}, 11,
+     "has revision"),
+])
+def test_the_driver_applies_the_librarys_card_and_licence_rules(model, env, code, says, tmp_path):
+    pythonpath = os.pathsep.join(p for p in (str(PKG_PARENT), os.environ.get("PYTHONPATH")) if p)
+    r = subprocess.run(
+        [sys.executable, "-m", "sapiens_seg.ray", str(REPO / "examples" / "astronaut.jpg"), "-o",
+         str(tmp_path / "out"), "--model", model],
+        capture_output=True, text=True, timeout=300,
+        env=clean_env(PYTHONPATH=pythonpath, SAPIENS_SEG_OFFLINE="1",
+                      SAPIENS_SEG_HOME=str(tmp_path / "home"), **env))
+    assert r.returncode == code, r.stderr
+    assert says in r.stderr, r.stderr
