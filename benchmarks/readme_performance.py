@@ -339,6 +339,8 @@ def section_for(report: dict, path: str, across: str | None = None,
                           "(random weights make label agreement pessimistic): "
                       + "; ".join(parts) + "."]
 
+    lines += device_tables(report)
+
     all_cols = [cols[ref]] + ([cols["original"]] if ref != "original" and "original" in cols
                               else []) + modes
     lines += ["", "Time per call, ms (median):", "",
@@ -356,6 +358,75 @@ def section_for(report: dict, path: str, across: str | None = None,
         lines += ["", f"Not run: {', '.join(titles)} ({reason})."]
     lines.append("")
     return lines
+
+
+def device_tables(report: dict) -> list[str]:
+    """What only GPU runs record: ratios against the authors' autocast fp16 (the product's GPU
+    goal is stated against it), first calls, CUDA memory peaks, CUDA-graph capture counts and
+    the backbone/head split. Nothing for a CPU run."""
+    lines: list[str] = []
+    cols = available(report)
+    title = {c["id"]: c["title"] for c in cols}
+    for ref in (c["id"] for c in cols if c["id"].startswith("original autocast")):
+        others = [c for c in cols if c["id"] != ref]
+        for key, what in (("median_ms", "end to end"), ("median_net_ms", "network only")):
+            lines += ["", f"Speed-up against {title[ref]}, {what} (higher is better):", "",
+                      "| image | " + " | ".join(c["title"] for c in others) + " |",
+                      "|---|" + "---:|" * len(others)]
+            for r in report["results"]:
+                by = r["columns"]
+                lines.append(f"| {size(r)} | " + " | ".join(
+                    ratio(by.get(ref, {}).get(key), by.get(c["id"], {}).get(key))
+                    for c in others) + " |")
+    cuda = [c for c in cols if any("cuda_peak_allocated" in r["columns"].get(c["id"], {})
+                                   for r in report["results"])]
+    if cuda:
+        lines += ["", "First call and memory (ms; GiB):", "",
+                  "| image | mode | first call | load | peak RSS | CUDA allocated | "
+                  "CUDA reserved |", "|---|---|---:|---:|---:|---:|---:|"]
+        load = report.get("load_ms", {})
+        for r in report["results"]:
+            for c in cuda:
+                m = r["columns"].get(c["id"])
+                if not m:
+                    continue
+                cells = [fmt_ms(m.get("first_ms")), fmt_ms(load.get(c["id"])),
+                         gib(m.get("peak_rss")), gib(m.get("cuda_peak_allocated")),
+                         gib(m.get("cuda_peak_reserved"))]
+                lines.append(f"| {size(r)} | {c['title']} | " + " | ".join(cells) + " |")
+    graphs = report.get("cuda_graphs") or {}
+    if graphs:
+        lines += ["", "CUDA graphs (input shapes captured or run eagerly, and why):", "",
+                  "| mode | captured | eager | replays | eager calls | why eager |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for c in cols:
+            g = graphs.get(c["id"])
+            if g is None:
+                continue
+            why = "; ".join(g.get("failures", [])).replace("|", "/")
+            lines.append(f"| {c['title']} | {g.get('captured', 0)} | {g.get('eager', 0)} | "
+                         f"{g.get('replays', 0)} | {g.get('eager_calls', 0)} | {why} |")
+    split = report.get("split") or {}
+    if split:
+        lines += ["", "Backbone and head, batch 1, eager (no CUDA graph), ms:", "",
+                  "| mode | backbone | head | head share | note |", "|---|---:|---:|---:|---|"]
+        for c in cols:
+            sp = split.get(c["id"])
+            if sp is None:
+                continue
+            b, h = sp.get("backbone_ms"), sp.get("head_ms")
+            share = f"{100 * h / (b + h):.0f} %" if b and h else "n/a"
+            note = str(sp.get("note", sp.get("error", ""))).replace("|", "/")
+            lines.append(f"| {c['title']} | {fmt_ms(b, 2)} | {fmt_ms(h, 2)} | {share} | {note} |")
+    return lines
+
+
+def fmt_ms(v: float | None, digits: int = 0) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def gib(v: float | None) -> str:
+    return "n/a" if v is None else f"{v / 2**30:.2f}"
 
 
 def is_speed_check(data: object) -> bool:

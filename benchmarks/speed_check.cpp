@@ -803,7 +803,7 @@ struct Options {
   std::vector<Config> configs;
   int threads = 0, warmup = 3, rounds = 3, calls = 5, load_repeats = 3;
   double wait_quiet = 0;  // seconds to wait, before each timed round, for other jobs to calm down
-  std::string json_out, md_out;
+  std::string json_out;
   std::string worker_mode, worker_dtype;
 };
 
@@ -816,7 +816,7 @@ const char* kUsage =
               [--dtype float32,bfloat16] [--onnx FILE.onnx]
               [--sizes 480x640,720x1280,...] [--batch 1,8] [--threads N]
               [--warmup 3] [--rounds 3] [--calls 5] [--load-repeats 3]
-              [--json FILE] [--markdown FILE] [--python PY] [--python-script original_python.py]
+              [--json FILE] [--python PY] [--python-script original_python.py]
               [--wait-quiet SECONDS] [--accept-noncommercial] [--split]
 
 --quick: the tiny_b fixture (fast to run, not representative of full-size speed), 480x640 at
@@ -838,6 +838,8 @@ way to half precision), and each column reports its CUDA-graph captures (how man
 were captured, how many run eagerly and why). --split: after the timed rounds, each column's
 backbone and head timed apart at batch 1, eagerly (Sapiens v1; the original's traced submodules
 and the kernels schedule's two halves; the portable network has no such entry point).
+The result is JSON (--json FILE, else stdout); benchmarks/readme_performance.py --print FILE
+shows it as the performance page's tables.
 )";
 
 std::pair<int, int> parse_size(const std::string& s) {
@@ -903,8 +905,6 @@ Options parse_args(int argc, char** argv, std::string& command) {
       o.wait_quiet = std::stod(value(i));
     else if (a == "--json")
       o.json_out = value(i);
-    else if (a == "--markdown")
-      o.md_out = value(i);
     else if (a == "--python")
       o.python = value(i);
     else if (a == "--python-script")
@@ -973,11 +973,6 @@ std::string fmt(double v, int digits = 0) {
   return buf;
 }
 
-std::string ratio(double num, double den) {
-  if (std::isnan(num) || std::isnan(den) || den <= 0) return "n/a";
-  return fmt(num / den, 2) + "x";
-}
-
 std::string gib(double bytes) {
   return fmt(bytes / (1024.0 * 1024.0 * 1024.0), 2);
 }
@@ -987,312 +982,6 @@ std::string today() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d", std::localtime(&t));
   return buf;
-}
-
-double json_median(const json& j, const char* key) {
-  if (!j.contains(key)) return std::nan("");
-  return j[key].get<double>();
-}
-
-std::string markdown(const json& report) {
-  std::ostringstream md;
-  const json& meta = report["meta"];
-  const json& cols = report["columns"];
-  md << "# speed_check\n\n";
-  if (meta["quick"].get<bool>()) {
-    md << "**Quick run**: " << meta["quick_note"].get<std::string>() << "\n\n";
-  }
-  md << "- date: " << meta["date"].get<std::string>() << "\n"
-     << "- machine: " << meta["cpu"].get<std::string>() << ", " << meta["cores"].get<int>()
-     << " logical cores" << (meta["avx512_bf16"].get<bool>() ? ", AVX512-BF16" : "") << "\n";
-  if (meta.contains("isa_flags")) {
-    std::string flags;
-    for (const auto& f : meta["isa_flags"])
-      flags += (flags.empty() ? "" : " ") + f.get<std::string>();
-    md << "- ISA flags: " << flags;
-    if (!meta.value("onednn_cap", "").empty())
-      md << " (oneDNN capped at " << meta["onednn_cap"].get<std::string>() << ")";
-    md << "\n";
-  }
-  if (meta.contains("versions")) {
-    std::string v;
-    for (const auto& [k, x] : meta["versions"].items())
-      v += (v.empty() ? "" : ", ") + k + " " + x.get<std::string>();
-    md << "- versions: " << v << "\n";
-  }
-  if (meta.contains("loadavg_at_start")) {
-    md << "- load average (1, 5, 15 min): " << meta["loadavg_at_start"].get<std::string>()
-       << " at the start, " << meta["loadavg_at_end"].get<std::string>() << " at the end\n";
-  }
-  if (meta.contains("onnx_export") && meta["onnx_export"].is_object()) {
-    const json& e = meta["onnx_export"];
-    md << "- ONNX export (tools/export_onnx.py, opset " << e.value("opset", 0) << "): max |logit "
-       << "diff| " << e.value("max_abs_logit_diff", 0.0) << " against the "
-       << e.value("checked_against", std::string("original")) << "\n";
-  }
-  md << "- device: " << meta["device"].get<std::string>() << "\n"
-     << "- torch: " << meta["torch"].get<std::string>() << ", sapiens-seg "
-     << meta["sapiens_seg"].get<std::string>()
-     << ", pipeline: " << meta["pipeline"].get<std::string>() << "\n"
-     << "- model: `" << meta["model_file"].get<std::string>() << "` ("
-     << fmt(meta["model_bytes"].get<double>() / 1e6, 1) << " MB)\n"
-     << "- threads: " << meta["threads"].dump() << " (OMP_NUM_THREADS "
-     << (meta["omp_num_threads"].is_null() ? std::string("unset")
-                                           : meta["omp_num_threads"].get<std::string>())
-     << ")\n"
-     << "- protocol: load x" << meta["protocol"]["load_repeats"].get<int>() << ", first call, "
-     << meta["protocol"]["warmup"].get<int>() << " warm-up, peak reset, median of "
-     << meta["protocol"]["rounds"].get<int>() << " rounds x median of "
-     << meta["protocol"]["calls"].get<int>() << " calls, rounds alternating between modes"
-     << (meta["protocol"]["wait_quiet_s"].get<double>() > 0
-             ? ", each round waiting (up to " +
-                   fmt(meta["protocol"]["wait_quiet_s"].get<double>()) +
-                   " s) for other jobs to use under 0.2 CPUs"
-             : std::string())
-     << "\n"
-     << "- command: `" << meta["command"].get<std::string>() << "`\n\n";
-
-  std::vector<std::string> ids, titles;
-  for (const auto& c : cols) {
-    if (c["available"].get<bool>()) {
-      ids.push_back(c["id"]);
-      titles.push_back(c["title"]);
-    }
-  }
-  const bool has_py = std::find(ids.begin(), ids.end(), "original-python") != ids.end();
-  const bool has_cpp = std::find(ids.begin(), ids.end(), "original") != ids.end();
-
-  auto table = [&](const std::string& heading, const std::string& ref,
-                   const std::function<std::string(const json&, const json&)>& cell) {
-    md << "## " << heading << "\n\n| image | batch |";
-    for (const auto& t : titles) md << " " << t << " |";
-    md << "\n|---|---|";
-    for (size_t k = 0; k < titles.size(); ++k) md << "---:|";
-    md << "\n";
-    for (const auto& r : report["results"]) {
-      md << "| " << r["height"].get<int>() << "x" << r["width"].get<int>() << " | "
-         << r["batch"].get<int>() << " |";
-      const json& by = r["columns"];
-      for (const auto& id : ids) {
-        md << " "
-           << (by.contains(id) && (ref.empty() || by.contains(ref))
-                   ? cell(by[id], ref.empty() ? json() : by[ref])
-                   : "n/a")
-           << " |";
-      }
-      md << "\n";
-    }
-    md << "\n";
-  };
-  auto speed = [](const json& c, const json& ref) {
-    return ratio(json_median(ref, "median_ms"), json_median(c, "median_ms"));
-  };
-  auto mem = [](const json& c, const json& ref) {
-    return ratio(json_median(c, "peak_rss"), json_median(ref, "peak_rss"));
-  };
-  if (has_py)
-    table("Speed-up against the original in Python (higher is better)", "original-python", speed);
-  if (has_cpp)
-    table("Speed-up against the original mode, C++ TorchScript (higher is better)", "original",
-          speed);
-  // The product's GPU goal is stated against the authors' own half-precision way: autocast.
-  for (const auto& id : ids) {
-    if (id.rfind("original autocast", 0) == 0) {
-      table("Speed-up against the original under autocast (higher is better)", id, speed);
-      table("Network only: speed-up against the original under autocast (higher is better)", id,
-            [](const json& c, const json& ref) {
-              return ratio(json_median(ref, "median_net_ms"), json_median(c, "median_net_ms"));
-            });
-    }
-  }
-  auto net_speed = [](const json& c, const json& ref) {
-    return ratio(json_median(ref, "median_net_ms"), json_median(c, "median_net_ms"));
-  };
-  if (has_py) {
-    table("Network only: speed-up against the original in Python (higher is better)",
-          "original-python", net_speed);
-  }
-  if (has_py)
-    table("Peak RSS against the original in Python (lower is better)", "original-python", mem);
-
-  // The library's columns against each peer (a CPU user's alternatives), end to end and network
-  // only: the peer's time over the library's (above 1: the library is faster).
-  {
-    std::vector<std::string> lib, peers;
-    for (const auto& c : cols) {
-      if (!c["available"].get<bool>()) continue;
-      const std::string id = c["id"];
-      if (id.rfind("portable", 0) == 0 || id.rfind("kernels", 0) == 0)
-        lib.push_back(id);
-      else if (id != "original")
-        peers.push_back(id);
-    }
-    auto title_of = [&](const std::string& id) {
-      for (const auto& c : cols)
-        if (c["id"] == id) return c["title"].get<std::string>();
-      return id;
-    };
-    if (!lib.empty() && !peers.empty()) {
-      for (const char* key : {"median_ms", "median_net_ms"}) {
-        md << "## The library against each peer, "
-           << (std::string(key) == "median_ms" ? "end to end" : "network only")
-           << " (peer time / library time; higher: the library is faster)\n\n| image | batch | "
-              "library |";
-        for (const auto& p : peers) md << " vs " << title_of(p) << " |";
-        md << "\n|---|---|---|";
-        for (size_t k = 0; k < peers.size(); ++k) md << "---:|";
-        md << "\n";
-        for (const auto& r : report["results"]) {
-          const json& by = r["columns"];
-          for (const auto& l : lib) {
-            if (!by.contains(l)) continue;
-            md << "| " << r["height"].get<int>() << "x" << r["width"].get<int>() << " | "
-               << r["batch"].get<int>() << " | " << title_of(l) << " |";
-            for (const auto& p : peers) {
-              md << " "
-                 << (by.contains(p) ? ratio(json_median(by[p], key), json_median(by[l], key))
-                                    : "n/a")
-                 << " |";
-            }
-            md << "\n";
-          }
-        }
-        md << "\n";
-      }
-    }
-  }
-  if (!has_py && !has_cpp) {
-    // No original column (Sapiens2 has none): the first portable column is the reference.
-    const auto p = std::find_if(ids.begin(), ids.end(),
-                                [](const std::string& id) { return id.rfind("portable", 0) == 0; });
-    if (p != ids.end()) {
-      const std::string& title = titles[static_cast<size_t>(p - ids.begin())];
-      table("Speed-up against " + title + " (higher is better)", *p, speed);
-      table("Peak RSS against " + title + " (lower is better)", *p, mem);
-    }
-  }
-
-  const json& acc = report["accuracy"];
-  if (acc.contains("columns") && !acc["columns"].empty()) {
-    const std::string ref = acc["reference"];
-    md << "## Outputs against the "
-       << (ref == "original"          ? std::string("original mode")
-           : ref == "original-python" ? std::string("original in Python")
-                                      : ref)
-       << " (one " << acc["height"].get<int>() << "x" << acc["width"].get<int>()
-       << " image; random weights make label agreement pessimistic)\n\n"
-       << "| mode | max abs logit diff | mean abs logit diff | label agreement "
-          "|\n|---|---:|---:|---:|\n";
-    for (size_t k = 0; k < ids.size(); ++k) {
-      if (!acc["columns"].contains(ids[k]) || ids[k] == ref) continue;
-      const json& a = acc["columns"][ids[k]];
-      if (a.contains("error")) continue;
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "| %s | %.3g | %.3g | %.3f %% |\n", titles[k].c_str(),
-                    a["max_abs_logit_diff"].get<double>(), a["mean_abs_logit_diff"].get<double>(),
-                    100.0 * a["label_agreement"].get<double>());
-      md << buf;
-    }
-    md << "\n";
-  }
-
-  md << "## Load time (warm page cache)\n\n| mode | median ms (of "
-     << meta["protocol"]["load_repeats"].get<int>() << ") |"
-     << (has_py ? " vs the original's load in Python |" : "")
-     << (has_cpp ? " vs torch::jit::load (original mode) |" : "")
-     << " peak RSS while loading, GiB |\n|---|---:|" << (has_py ? "---:|" : "")
-     << (has_cpp ? "---:|" : "") << "---:|\n";
-  const json& load = report["load_ms"];
-  for (size_t k = 0; k < ids.size(); ++k) {
-    const double ms = load[ids[k]].get<double>();
-    md << "| " << titles[k] << " | " << fmt(ms) << " |";
-    if (has_py) md << " " << ratio(load["original-python"].get<double>(), ms) << " |";
-    if (has_cpp) md << " " << ratio(load["original"].get<double>(), ms) << " |";
-    const json& w = report["workers"].value(ids[k], json::object());
-    md << " " << (w.contains("load_peak_rss") ? gib(w["load_peak_rss"].get<double>()) : "n/a")
-       << " |\n";
-  }
-  md << "\n";
-
-  // How much of the machine the timed calls had: other jobs' CPUs just before each call, and the
-  // CPUs each call used itself.
-  std::vector<double> background, used;
-  for (const auto& r : report["results"]) {
-    for (const auto& [id, c] : r["columns"].items()) {
-      for (const auto& b : c.value("background_cpus", json::array())) background.push_back(b);
-      const auto& ms = c.value("rounds_ms", json::array());
-      const auto& cpu = c.value("rounds_cpu_ms", json::array());
-      for (size_t i = 0; i < std::min(ms.size(), cpu.size()); ++i) {
-        if (!ms[i].is_array() || !cpu[i].is_array()) continue;
-        for (size_t j = 0; j < std::min(ms[i].size(), cpu[i].size()); ++j) {
-          used.push_back(cpu[i][j].get<double>() / ms[i][j].get<double>());
-        }
-      }
-    }
-  }
-  if (!background.empty()) {
-    md << "Other jobs on the machine used " << fmt(median(background), 2) << " CPUs (median; max "
-       << fmt(*std::max_element(background.begin(), background.end()), 2)
-       << ") just before the timed calls, which themselves kept " << fmt(median(used), 2)
-       << " CPUs busy (median).\n\n";
-  }
-
-  table("Time per call, ms (first call in brackets)", "", [](const json& c, const json&) {
-    return fmt(json_median(c, "median_ms")) + " (" + fmt(json_median(c, "first_ms")) + ")";
-  });
-  table("Network only, ms per call (median)", "",
-        [](const json& c, const json&) { return fmt(json_median(c, "median_net_ms")); });
-  table("Peak RSS, GiB (whole process, weights included)", "", [](const json& c, const json&) {
-    std::string s = gib(json_median(c, "peak_rss"));
-    if (c.contains("cuda_peak_allocated")) {
-      s += "; CUDA " + gib(c["cuda_peak_allocated"].get<double>()) + " alloc / " +
-           gib(c["cuda_peak_reserved"].get<double>()) + " reserved";
-    }
-    return s;
-  });
-
-  if (report.contains("cuda_graphs") && !report["cuda_graphs"].empty()) {
-    md << "## CUDA graphs (input shapes captured, run eagerly, and why)\n\n| mode | captured | "
-          "eager | replays | eager calls | why eager |\n|---|---:|---:|---:|---:|---|\n";
-    for (const auto& c : cols) {
-      if (!report["cuda_graphs"].contains(c["id"].get<std::string>())) continue;
-      const json& g = report["cuda_graphs"][c["id"].get<std::string>()];
-      std::string why;
-      for (const auto& f : g.value("failures", json::array())) {
-        why += (why.empty() ? "" : "; ") + f.get<std::string>();
-      }
-      md << "| " << c["title"].get<std::string>() << " | " << g.value("captured", 0) << " | "
-         << g.value("eager", 0) << " | " << g.value("replays", 0) << " | "
-         << g.value("eager_calls", 0) << " | " << why << " |\n";
-    }
-    md << "\n";
-  }
-  if (report.contains("split") && !report["split"].empty()) {
-    md << "## Backbone and head, batch 1, eager (no CUDA graph), ms\n\n| mode | backbone | head "
-          "| head share | note |\n|---|---:|---:|---:|---|\n";
-    for (const auto& c : cols) {
-      const std::string id = c["id"];
-      if (!report["split"].contains(id)) continue;
-      const json& sp = report["split"][id];
-      const double b = json_median(sp, "backbone_ms"), h = json_median(sp, "head_ms");
-      md << "| " << c["title"].get<std::string>() << " | " << fmt(b, 2) << " | " << fmt(h, 2)
-         << " | "
-         << (std::isnan(b) || std::isnan(h) ? std::string("n/a") : fmt(100 * h / (b + h)) + " %")
-         << " | " << sp.value("note", sp.value("error", std::string())) << " |\n";
-    }
-    md << "\n";
-  }
-
-  bool any_missing = false;
-  for (const auto& c : cols) {
-    const std::string reason = c["reason"];
-    if (reason.empty()) continue;
-    if (!any_missing) md << "## Not run or failed\n\n";
-    any_missing = true;
-    md << "- " << c["title"].get<std::string>() << ": " << reason << "\n";
-  }
-  if (any_missing) md << "\n";
-  return md.str();
 }
 
 // The CPUs other jobs keep busy, sampled over a second; with a budget, samples again (for up to
@@ -1706,11 +1395,15 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
   json report = {{"meta", meta},          {"columns", columns}, {"load_ms", load},
                  {"accuracy", accuracy},  {"workers", workers}, {"results", results},
                  {"cuda_graphs", graphs}, {"split", splits}};
-  // The measurements first: a report that fails to format must not lose them.
-  if (!o.json_out.empty()) std::ofstream(o.json_out) << report.dump(2) << "\n";
-  const std::string md = markdown(report);
-  std::cout << md;
-  if (!o.md_out.empty()) std::ofstream(o.md_out) << md;
+  // The result is JSON only; benchmarks/readme_performance.py renders it (one renderer for the
+  // pages and for a look during a session: --print FILE).
+  if (o.json_out.empty()) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    std::ofstream(o.json_out) << report.dump(2) << "\n";
+    std::cerr << "speed_check: wrote " << o.json_out << "; as tables: python "
+              << "benchmarks/readme_performance.py --print " << o.json_out << "\n";
+  }
   return 0;
 }
 

@@ -404,8 +404,12 @@ speed_args=(${SPEED_ARGS:-$default_speed})
 log "speed_check on $(basename "$model") (limit $lim s)"
 if [ -f "$model" ]; then
   timed "$lim" "$build/bin/speed_check" --device cuda --model "$model" "${speed_args[@]}" \
-    --json "$logs/speed.json" --markdown "$logs/speed.md" >"$logs/speed.log" 2>&1
+    --json "$logs/speed.json" >"$logs/speed.log" 2>&1
   rc=$?
+  # The tables, by the one renderer of the performance pages (standard library only).
+  [ -s "$logs/speed.json" ] &&
+    timed 20 "$PY" benchmarks/readme_performance.py --print "$logs/speed.json" \
+      >"$logs/speed.md" 2>>"$logs/speed.log"
   note+=$(grep -E "^speed_check: .*(unavailable|failed|graphs)" "$logs/speed.log" |
     sed 's/^speed_check: *//' |
     cut -c1-100 | sort | uniq -c | sed 's/^ *1 //; s/^ *\([0-9]*\) /\1x /' | head -6 |

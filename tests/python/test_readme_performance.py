@@ -172,3 +172,37 @@ def test_machine_facts_name_the_microarchitecture_from_the_recorded_cpu_identity
         {"meta": {"cpu": "Some CPU", "cores": 4,
                   "cpu_id": {"vendor": "GenuineIntel", "family": 6, "model": 1}}}))
     assert rp.machine_facts(unknown).startswith("Some CPU, 4 cores")
+
+
+def test_a_gpu_run_shows_autocast_ratios_memory_graphs_and_the_split():
+    # What speed_check records only on CUDA (tools/gpu_check.sh renders speed.md from it with
+    # --print): every figure below must reach the page, each from its own field.
+    run = report({}, 40.0, model="full_0.3b_torchscript.pt2")
+    run["meta"]["device"] = "cuda"
+    run["columns"] = [
+        {"id": "original autocast float16", "title": "original autocast fp16", "available": True},
+        {"id": "kernels float16", "title": "kernels fp16", "available": True},
+        {"id": "portable float16", "title": "portable fp16", "available": False,
+         "reason": "cuDNN attention unsupported"}]
+    run["results"][0]["columns"] = {
+        "original autocast float16": {"median_ms": 30.0, "median_net_ms": 24.0, "first_ms": 900.0,
+                                      "peak_rss": 3 << 30, "cuda_peak_allocated": 2 << 30,
+                                      "cuda_peak_reserved": 5 << 29},
+        "kernels float16": {"median_ms": 10.0, "median_net_ms": 6.0, "first_ms": 450.0,
+                            "peak_rss": 2 << 30, "cuda_peak_allocated": 1 << 30,
+                            "cuda_peak_reserved": 3 << 29}}
+    run["load_ms"] = {"original autocast float16": 1500.0, "kernels float16": 700.0}
+    run["cuda_graphs"] = {"kernels float16": {"captured": 1, "eager": 1, "replays": 15,
+                                              "eager_calls": 2, "failures": ["batch 3: oom"]}}
+    run["split"] = {"kernels float16": {"backbone_ms": 4.5, "head_ms": 1.5, "note": "eager"}}
+    text = "\n".join(rp.section_for(run, "gpu.json"))
+    assert "Speed-up against original autocast fp16, end to end" in text
+    assert "| 1024x768 | 3.00x |" in text  # 30 ms / 10 ms
+    assert "| 1024x768 | 4.00x |" in text  # network only: 24 / 6
+    assert "| 1024x768 | kernels fp16 | 450 | 700 | 2.00 | 1.00 | 1.50 |" in text
+    assert "| kernels fp16 | 1 | 1 | 15 | 2 | batch 3: oom |" in text
+    assert "| kernels fp16 | 4.50 | 1.50 | 25 % | eager |" in text
+    assert "Not run: portable fp16 (cuDNN attention unsupported)." in text
+    # A CPU run has none of these tables.
+    cpu = "\n".join(rp.section_for(report({}, 40.0), "cpu.json"))
+    assert "CUDA graphs" not in cpu and "autocast" not in cpu and "Backbone and head" not in cpu
