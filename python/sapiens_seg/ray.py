@@ -380,7 +380,7 @@ def output_names(paths: Sequence[str], output_dir: str = ".") -> list[str]:
 
         output_names(["a/x.jpg", "b/x.png", "b/y.png"])   # ['x_jpg', 'x_png', 'y']
     """
-    return _core.output_bases([str(p) for p in paths], str(output_dir))
+    return _core.output_bases([os.fsencode(p) for p in paths], os.fsencode(output_dir))
 
 
 def _stem(path: str) -> str:
@@ -584,57 +584,44 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _list_inputs(args: Iterable[str], recursive: bool,
-                 exts: set[str]) -> tuple[list[str], list[str]]:
-    """(found, missing), in the CLI's order: arguments in order, folders sorted, lists as
-    listed."""
-    items: list[str] = []
-    for a in args:
-        if a.startswith("@") and len(a) > 1:
-            try:
-                with open(a[1:], encoding="utf-8") as f:
-                    items += [s.strip() for s in f if s.strip() and not s.strip().startswith("#")]
-            except OSError:
-                items.append(a)
-        else:
-            items.append(a)
+def _list_inputs(args: Iterable[str], recursive: bool, ext: str,
+                 output: str) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """(found, failed as (input, error code, message)), in the CLI's order: arguments in order,
+    folders sorted, lists as listed. Local files, folders, @lists and - follow the CLI's own rules
+    (the library's, through the binding); URIs are listed here, through pyarrow."""
+    x = _core.expand_inputs([os.fsencode(a) for a in args], ext, recursive,
+                            b"" if _is_uri(output) else os.fsencode(output))
+    for note in x["notes"]:
+        print(f"sapiens-seg-ray: {note}", file=sys.stderr)
+    if x["excluded"]:
+        print(f"sapiens-seg-ray: {x['excluded']} files in the output folder {output} are outputs "
+              "of sapiens-seg: not taken as inputs", file=sys.stderr)
+    exts = {("." + e.strip().lstrip(".")).lower() for e in ext.split(",") if e.strip()}
     found: list[str] = []
-    missing: list[str] = []
-    for item in items:
-        if _is_uri(item):
-            try:
-                fs, p, prefix = _resolve(item, None)
-                info = fs.get_file_info(p)
-            except (pa.ArrowException, OSError, ValueError) as e:
-                print(f"sapiens-seg-ray: cannot open {item}: {e}", file=sys.stderr)
-                missing.append(item)
-                continue
-            if info.type == pafs.FileType.Directory:
-                sel = pafs.FileSelector(p, recursive=recursive)
-                files = sorted(i.path for i in fs.get_file_info(sel)
-                               if i.type == pafs.FileType.File
-                               and os.path.splitext(i.path)[1].lower() in exts)
-                if isinstance(fs, pafs.LocalFileSystem):
-                    prefix = "file://"
-                found += [prefix + f for f in files]
-            elif info.type == pafs.FileType.File:
-                found.append(item)
-            else:
-                missing.append(item)
-        elif os.path.isdir(item):
-            hits = []
-            if recursive:
-                for d, _, files in os.walk(item):
-                    hits += [os.path.join(d, f) for f in files]
-            else:
-                hits = [os.path.join(item, f) for f in os.listdir(item)]
-            found += sorted(h for h in hits if os.path.isfile(h)
-                            and os.path.splitext(h)[1].lower() in exts)
-        elif os.path.isfile(item):
+    failed: list[tuple[str, str, str]] = list(x["problems"])
+    for item, _video in x["items"]:
+        if not _is_uri(item):
+            found.append(item)
+            continue
+        try:
+            fs, p, prefix = _resolve(item, None)
+            info = fs.get_file_info(p)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            failed.append((item, "io_error", f"cannot open {item}: {e}"))
+            continue
+        if info.type == pafs.FileType.Directory:
+            sel = pafs.FileSelector(p, recursive=recursive)
+            files = sorted(i.path for i in fs.get_file_info(sel)
+                           if i.type == pafs.FileType.File
+                           and os.path.splitext(i.path)[1].lower() in exts)
+            if isinstance(fs, pafs.LocalFileSystem):
+                prefix = "file://"
+            found += [prefix + f for f in files]
+        elif info.type == pafs.FileType.File:
             found.append(item)
         else:
-            missing.append(item)
-    return found, missing
+            failed.append((item, "not_found", f"input not found: {item}"))
+    return found, failed
 
 
 def _precheck(model: str, accept_noncommercial: bool, local: bool) -> tuple[int, str] | None:
@@ -675,9 +662,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batch_size < 1:
         print("sapiens-seg-ray: --batch-size must be at least 1", file=sys.stderr)
         return 2
-    exts = {("." + e.strip().lstrip(".")).lower() for e in args.ext.split(",") if e.strip()}
-    found, missing = _list_inputs(args.inputs, args.recursive, exts)
-    if not found and not missing:
+    found, failed = _list_inputs(args.inputs, args.recursive, args.ext, args.output)
+    if not found and not failed:
         print("sapiens-seg-ray: error [invalid_input]: no inputs (folders are searched for "
               f"{args.ext}; use --recursive for sub-folders)", file=sys.stderr)
         return ErrorCode.INVALID_INPUT.exit_status
@@ -704,8 +690,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if status != 0:
             return status
 
-    if not found:  # only inputs that do not exist: nothing for Ray to do
-        status, n_ok, n_failed = _write_summaries(None, missing, out_fs, out_base, model)
+    if not found:  # only inputs that failed before Ray: nothing for Ray to do
+        status, n_ok, n_failed = _write_summaries(None, failed, out_fs, out_base, model)
         print(f"sapiens-seg-ray: {n_ok} segmented, {n_failed} failed", file=sys.stderr)
         return status
 
@@ -735,7 +721,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             normalization=args.normalization, accept_noncommercial=args.accept_noncommercial,
             allow_unverified=args.allow_unverified, threads=args.threads)
         try:
-            status, n_ok, n_failed = _write_summaries(ds, missing, out_fs, out_base, model)
+            status, n_ok, n_failed = _write_summaries(ds, failed, out_fs, out_base, model)
         except Exception as e:  # noqa: BLE001 - the job as a whole failed (Ray says why)
             code, message = _job_error(e)
             print(f"sapiens-seg-ray: error [{code}]: the Ray job failed: {message}",
@@ -780,8 +766,8 @@ def _job_error(e: BaseException) -> tuple[str, str]:
     return "internal_error", lines[-1] if lines else type(e).__name__
 
 
-def _write_summaries(ds: ray.data.Dataset | None, missing: list[str], fs: pafs.FileSystem,
-                     base: str, model: str) -> tuple[int, int, int]:
+def _write_summaries(ds: ray.data.Dataset | None, failed: list[tuple[str, str, str]],
+                     fs: pafs.FileSystem, base: str, model: str) -> tuple[int, int, int]:
     """Streams the results into summary.parquet and summary.json; returns (exit status, ok,
     failed)."""
     import pyarrow.parquet as pq
@@ -790,10 +776,9 @@ def _write_summaries(ds: ray.data.Dataset | None, missing: list[str], fs: pafs.F
     entries: list[dict[str, Any]] = []
     status = 0
     n_ok = n_failed = 0
-    for m in missing:
-        entries.append({"input": m, "status": "error", "error": "not_found",
-                        "message": f"input not found: {m}"})
-        status = status or ErrorCode.NOT_FOUND.exit_status
+    for path, code, message in failed:  # inputs that never reached Ray, first (as the CLI)
+        entries.append({"input": path, "status": "error", "error": code, "message": message})
+        status = status or _exit_status(code)
         n_failed += 1
     parquet_tmp = posixpath.join(base, f".summary.parquet.tmp-{uuid.uuid4().hex[:8]}")
     writer = None

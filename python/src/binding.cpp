@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/inputs.hpp"
 #include "cli/naming.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
@@ -434,6 +435,52 @@ void check_license(const std::string& id, bool accept_noncommercial) {
   ss::check_license(ss::find_card(id), accept_noncommercial);
 }
 
+// ---- the CLI's rules, for the Ray driver -------------------------------------------------
+
+std::vector<std::string> path_list(const py::sequence& paths, const char* what) {
+  std::vector<std::string> out;
+  out.reserve(paths.size());
+  for (const auto& p : paths) out.push_back(path_arg(p, what));
+  return out;
+}
+
+py::dict expand_inputs(const py::sequence& args, const std::string& extensions, bool recursive,
+                       const py::bytes& output_dir) {
+  ss::cli::InputRules rules;
+  rules.exts = ss::cli::parse_extensions(extensions);
+  rules.recursive = recursive;
+  rules.out_dir = path_arg(output_dir, "output_dir");
+  rules.pass_uris = true;
+  const std::vector<std::string> paths = path_list(args, "args");
+  ss::cli::ExpandedInputs in;
+  {
+    py::gil_scoped_release nogil;
+    in = ss::cli::expand_inputs(paths, rules);
+  }
+  py::list items, problems, notes;
+  for (const auto& i : in.items) items.append(py::make_tuple(to_str(i.path), i.video));
+  for (const auto& p : in.problems) {
+    problems.append(
+        py::make_tuple(to_str(p.path), std::string(ss::to_string(p.code)), to_str(p.message)));
+  }
+  for (const auto& n : in.notes) notes.append(to_str(n));
+  py::dict d;
+  d["items"] = items;
+  d["problems"] = problems;
+  d["excluded"] = in.excluded;
+  d["notes"] = notes;
+  return d;
+}
+
+py::list output_bases(const py::sequence& paths, const py::bytes& output_dir) {
+  py::list out;
+  for (const auto& b :
+       ss::cli::run_bases(path_list(paths, "paths"), path_arg(output_dir, "output_dir"))) {
+    out.append(to_str(b));
+  }
+  return out;
+}
+
 py::dict system_info() {
   ss::SystemInfo s;
   {
@@ -638,9 +685,15 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "Every error code as (value, name as messages and JSON spell it, the CLI's exit status).");
-  m.def("output_bases", &ss::cli::run_bases, py::arg("paths"), py::arg("output_dir"),
-        "The CLI's output base names of these inputs written into output_dir (a fresh run): "
-        "<base>_seg.png is each one's label PNG.");
+  m.def("expand_inputs", &expand_inputs, py::arg("args"), py::arg("extensions"),
+        py::arg("recursive"), py::arg("output_dir"),
+        "The CLI's inputs of a run (paths as bytes): files, folders, @lists and - as "
+        "`sapiens-seg segment` takes them, URIs passed through as given. A dict: items "
+        "[(path, video)], problems [(path, code, message)], excluded (output files not taken), "
+        "notes.");
+  m.def("output_bases", &output_bases, py::arg("paths"), py::arg("output_dir"),
+        "The CLI's output base names of these inputs (paths as bytes) written into output_dir "
+        "(a fresh run): <base>_seg.png is each one's label PNG.");
   m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
   m.def("read_image", &read_image, py::arg("item"),
         "Decodes a (kind, payload) file or bytes item to (HxWx3 uint8 RGB, decoder warnings) as "

@@ -76,6 +76,10 @@ class Expander {
 
   // A path named by the user (argument or list entry).
   void named(const std::string& p) {
+    if (rules_.pass_uris && p.find("://") != std::string::npos) {
+      out_.items.push_back({p, is_video_path(p)});
+      return;
+    }
     std::error_code ec;
     const fs::file_status st = fs::status(p, ec);
     if (st.type() == fs::file_type::not_found || (ec && ec != std::errc::permission_denied)) {

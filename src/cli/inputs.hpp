@@ -32,6 +32,9 @@ struct InputRules {
   // looks_like_output_name).
   std::string out_dir;
   std::set<std::string> previous_outputs;
+  // Take a path with a URI scheme ("s3://bucket/dir/") as one item, as given, without looking
+  // for it on this machine: for a caller that reads such paths itself (the Ray driver).
+  bool pass_uris = false;
 };
 
 struct ExpandedInputs {

@@ -39,6 +39,7 @@ if not TINY_B.exists() or not CLI.exists():
 import cv2  # noqa: E402
 
 from hub_server import HubServer  # noqa: E402
+import sapiens_seg.ray as sr  # noqa: E402
 from sapiens_seg.ray import SapiensSegmenter, output_names, segment_dataset  # noqa: E402
 
 # Ray's own deprecation notices about its configuration fields are not this project's concern.
@@ -66,7 +67,7 @@ def read_png(path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
     """The fixture photos plus generated ones (noise, a grey image, a JPEG that shares its stem
-    with a PNG: the CLI names them gen_noise and gen_noise_2), a corrupt file and one too small
+    with a PNG: the CLI names them gen_noise_jpg and gen_noise_png), a corrupt file and one too small
     to segment."""
     d = tmp_path_factory.mktemp("images")
     for name in ("astronaut.jpg", "synth_300x211.png", "synth_33x47.png",
@@ -160,6 +161,38 @@ def test_output_names_follow_the_cli():
     twins = output_names(["a/x.jpg", "b/x.jpg"])
     assert twins[0] != twins[1] and all(re.fullmatch(r"x_jpg_[0-9a-f]{8}", t) for t in twins)
     assert output_names(["s3://bucket/dir/photo.jpg"]) == ["photo"]
+
+
+def test_the_driver_takes_the_inputs_the_cli_takes(images, tmp_path):
+    # The awkward cases of the CLI's input rules, through both drivers: a list saved with a BOM
+    # and CRLF, a file named twice, a missing file, a FIFO (refused, never opened), an output
+    # folder inside the searched tree holding a previous run's outputs.
+    root = tmp_path / "in"
+    shutil.copytree(images, root)
+    os.mkfifo(root / "pipe.png")
+    out = root / "labels"
+    out.mkdir()
+    (out / "old_seg.png").write_bytes((root / "gen_grey.png").read_bytes())
+    lst = tmp_path / "list.txt"
+    lst.write_bytes(b"\xef\xbb\xbf" + f"{root / 'gen_grey.png'}\r\n# a comment\r\n"
+                    f"{root / 'nope.png'}\r\n{root / 'pipe.png'}\r\n".encode())
+    args = [f"@{lst}", str(root), str(root / "gen_grey.png")]
+    found, failed = sr._list_inputs(args, True, "png,jpg", str(out))
+    r = subprocess.run([str(CLI), "-q", "segment", *args, "-r", "--ext", "png,jpg", "-o", str(out),
+                        "--model", str(TINY_B), "--save", "labels,json", "--threads", "1"],
+                       capture_output=True, text=True, env=clean_env(), timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    cli_failed = {(e["input"], e["error"]) for e in summary["images"] if e["status"] == "error"
+                  and e["error"] in ("not_found", "io_error") or "pipe" in e["input"]}
+    assert {(p, code) for p, code, _ in failed} == cli_failed, r.stderr
+    assert {(root / "nope.png").as_posix(), (root / "pipe.png").as_posix()} <= \
+        {p for p, _ in cli_failed}
+    cli_inputs = [e["input"] for e in summary["images"] if (e["input"], e.get("error"))
+                  not in cli_failed]
+    assert sorted(found) == sorted(cli_inputs)  # the same files (summary.json sorts them)
+    assert len(set(found)) == len(found)  # once each
+    assert not any("labels" in Path(p).parts for p in found)  # outputs are not inputs
+    assert found.count(str(root / "gen_grey.png")) == 1
 
 
 def test_the_class_alone_records_failures_per_row(images, cli_out):
