@@ -90,6 +90,8 @@ struct ModelInfo {
   int input_height = 0, input_width = 0, num_classes = 0;
   int embed_dim = 0, depth = 0, heads = 0;
   Backend backend;
+  std::vector<std::string> classes;                  // class names; index 0 is the background
+  std::vector<std::array<std::uint8_t, 3>> palette;  // RGB per class (the authors' colours)
 };
 
 // Immutable after load(); copying is cheap (shared). segment() may be called concurrently from

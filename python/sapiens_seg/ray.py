@@ -157,7 +157,7 @@ class SapiensSegmenter:
                                        normalization=normalization,
                                        accept_noncommercial=accept_noncommercial,
                                        allow_unverified=allow_unverified, threads=self.threads)
-        self.classes: list[str] | None = None  # known from the first result
+        self.classes: list[str] = list(self.model.info.classes)
         self._filesystem = filesystem
         self._fs_cache: dict[tuple[str, str], tuple[pafs.FileSystem, str]] = {}
         self._out: tuple[pafs.FileSystem, str, str] | None = None
@@ -196,9 +196,6 @@ class SapiensSegmenter:
                     results[i] = self.model(pixels[i])
                 except Exception as e:  # noqa: BLE001
                     errors[i] = _describe(e)
-        if self.classes is None:
-            done = next((r for r in results if r is not None), None)
-            self.classes = done.classes if done is not None else self._learn_classes()
 
         labels_col = _objects(n)
         height = np.zeros(n, np.int32)
@@ -296,11 +293,6 @@ class SapiensSegmenter:
         target = posixpath.join(base, f"{name}{LABELS_SUFFIX}")
         _write_file(fs, target, _png_gray8(labels))
         return prefix + target
-
-    def _learn_classes(self) -> list[str]:
-        # Every image of a batch failed before any result told the class names: one blank
-        # image at the smallest size asks the model.
-        return self.model(np.zeros((32, 32, 3), np.uint8)).classes
 
 
 def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int = 8,

@@ -102,6 +102,10 @@ class ModelInfo:
     depth: int
     heads: int
     backend: Backend
+    classes: tuple[str, ...]
+    """The class names, index 0 the background (what ``Result.classes`` holds)."""
+    palette: np.ndarray
+    """numpy uint8 ``[C, 3]`` (read-only), the RGB colour of each class."""
 
 
 class Result:
@@ -246,7 +250,9 @@ class Model:
             id=i["id"], family=i["family"], path=i["path"], sha256=i["sha256"],
             license=i["license"], input_size=(i["input_height"], i["input_width"]),
             num_classes=i["num_classes"], embed_dim=i["embed_dim"], depth=i["depth"],
-            heads=i["heads"], backend=Backend(*i["backend"]))
+            heads=i["heads"], backend=Backend(*i["backend"]), classes=tuple(i["classes"]),
+            palette=i["palette"])
+        self._info.palette.setflags(write=False)
 
     @property
     def info(self) -> ModelInfo:

@@ -381,6 +381,8 @@ py::dict model_info(const ss::Model& model) {
   d["depth"] = i.depth;
   d["heads"] = i.heads;
   d["backend"] = backend_tuple(i.backend);
+  d["classes"] = str_list(i.classes);
+  d["palette"] = palette_array(i.palette);
   return d;
 }
 

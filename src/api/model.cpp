@@ -20,6 +20,7 @@
 #include "../core/checkpoint/safetensors.hpp"
 #include "../core/checkpoint/torchscript.hpp"
 #include "../core/cpu/onednn_thread.hpp"
+#include "../core/families.hpp"
 #include "../core/resize/resize.hpp"
 #include "../core/tensor_ops.hpp"
 #include "../core/v1/vit_seg.hpp"
@@ -145,19 +146,29 @@ namespace {
 
 // A file without a card: a zip archive is a Sapiens v1 TorchScript export; anything else is read
 // as safetensors (Sapiens2), whose reader reports a file that is neither.
-std::string detect_family(const std::string& path) {
+core::Family detect_family(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
   in.read(magic, 4);
-  if (in.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0) return "sapiens-v1";
+  if (in.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0) return core::Family::kSapiensV1;
   const std::string ext = fs::path(path).extension().string();
-  if (ext == ".pt2" || ext == ".pt") return "sapiens-v1";  // lets the zip check explain
-  return "sapiens2";
+  if (ext == ".pt2" || ext == ".pt") return core::Family::kSapiensV1;  // the zip check explains
+  return core::Family::kSapiens2;
+}
+
+// The family of a card (checked against the table when the card was read) or of a bare file.
+core::Family family_of(const std::optional<Card>& card, const std::string& path) {
+  if (!card) return detect_family(path);
+  const core::FamilyTraits* t = core::family_named(card->family);
+  if (t == nullptr) {
+    throw Error(ErrorCode::kFormatError, "card " + card->id + ": unknown family " + card->family);
+  }
+  return t->family;
 }
 
 // The label set of a bare checkpoint: the classes of any bundled card of its family and size.
-std::optional<Card> labels_for(const std::string& family, int64_t num_classes) {
-  const std::string set = family == "sapiens2" ? "dome-29" : "goliath-28";
+std::optional<Card> labels_for(core::Family family, int64_t num_classes) {
+  const std::string_view set = core::traits_of(family).label_set;
   for (auto& c : list_cards()) {
     if (c.label_set == set && c.num_classes == num_classes) return c;
   }
@@ -345,7 +356,8 @@ void verify(Weights& w, const io::GateOptions& gate) {
     return;
   }
   if (!fs::is_regular_file(w.path)) return;
-  const io::Identified found = io::identify_by_content(w.path, detect_family(w.path) == "sapiens2");
+  const io::Identified found =
+      io::identify_by_content(w.path, detect_family(w.path) == core::Family::kSapiens2);
   w.sha256 = found.sha256;
   if (found.card) {
     w.card = found.card;
@@ -374,13 +386,13 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const std::optional<Card>& card = w.card;
   const std::string& path = w.path;
   const std::string& sha256 = w.sha256;
-  const std::string family = card ? card->family : detect_family(path);
+  const core::Family family = family_of(card, path);
   if (card) io::show_license_notice(*card);
 
   // 5. Open the format, 6. build the family's network on a Runner of the asked mode.
   auto impl = std::make_shared<Model::Impl>();
   Loaded cfg;
-  if (family == "sapiens2") {
+  if (family == core::Family::kSapiens2) {
     // The file's bytes, read once into private memory, stay while the network holds views of them
     // (CPU float32 weights are used in place; other devices and dtypes get one converted copy
     // each).
@@ -399,7 +411,7 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
 
   impl->input_h = static_cast<int>(cfg.input_h);
   impl->input_w = static_cast<int>(cfg.input_w);
-  impl->resize = card ? card->resize : (family == "sapiens2" ? "area_or_cubic" : "linear");
+  impl->resize = card ? card->resize : std::string(core::traits_of(family).resize);
   impl->cubic =
       opt.cubic == CubicResize::kOpenCV ? core::CubicFlavor::kOpenCV : core::CubicFlavor::kWheel;
   if (opt.cuda_graphs > 0) {
@@ -434,7 +446,7 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   if (norm) {
     impl->mean = opt.normalization == Normalization::kDemo ? norm->mean : norm->mean_train;
     impl->std = opt.normalization == Normalization::kDemo ? norm->std : norm->std_train;
-  } else if (family == "sapiens2" || opt.normalization == Normalization::kTraining) {
+  } else if (family == core::Family::kSapiens2 || opt.normalization == Normalization::kTraining) {
     impl->mean = mean_train;
     impl->std = std_train;
   } else {
@@ -444,7 +456,7 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
 
   ModelInfo& info = impl->info;
   info.id = card ? card->id : fs::path(path).filename().string();
-  info.family = family;
+  info.family = core::traits_of(family).name;
   info.path = path;
   info.sha256 = sha256;
   info.license = card ? card->license_id : "";
@@ -455,6 +467,8 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   info.depth = static_cast<int>(cfg.depth);
   info.heads = static_cast<int>(cfg.heads);
   info.backend = impl->runner->backend();
+  info.classes = impl->classes;
+  info.palette = impl->palette;
   io::log(io::Level::kInfo, "loaded " + info.id + " (" + info.family + ", " + info.backend.mode +
                                 ", " + info.backend.device + ", " + info.backend.dtype + ") in " +
                                 std::to_string(static_cast<int>(ms_since(t0))) + " ms");

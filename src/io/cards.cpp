@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 
+#include "../core/families.hpp"
 #include "cards_parse.hpp"
 #include "log.hpp"
 #include "paths.hpp"
@@ -135,11 +136,15 @@ Card parse_card(const std::string& text, const std::string& path) {
   c.commercial_use = field<bool>(lic, "commercial_use", path);
   c.license_notice = opt_string(lic, "notice");
   c.format = field<std::string>(j, "format", path);
-  if (c.family != "sapiens-v1" && c.family != "sapiens2") {
+  const core::FamilyTraits* family = core::family_named(c.family);
+  if (family == nullptr) {
+    std::string known;
+    for (const auto& t : core::kFamilies)
+      known += (known.empty() ? "" : " or ") + std::string(t.name);
     throw Error(ErrorCode::kFormatError,
-                "card " + path + ": unknown family '" + c.family + "' (sapiens-v1 or sapiens2)");
+                "card " + path + ": unknown family '" + c.family + "' (" + known + ")");
   }
-  if (c.format != (c.family == "sapiens2" ? "safetensors" : "torchscript")) {
+  if (c.format != family->format) {
     throw Error(ErrorCode::kFormatError,
                 "card " + path + ": format '" + c.format + "' does not fit family " + c.family);
   }

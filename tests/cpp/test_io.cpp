@@ -135,6 +135,17 @@ TEST(UnitCards, OverlayFolderAndMalformedCards) {
   std::string evil_file = good;
   evil_file.replace(evil_file.find("tiny_a_torchscript.pt2"), 22, "../../../../etc/passwd");
   expect_error([&] { read_card(write(evil_file)); }, ErrorCode::kFormatError, {"plain file name"});
+  // Families and their formats come from the one family table (src/core/families.hpp).
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  expect_error([&] { read_card(write(replaced("\"sapiens-v1\"", "\"sapiens3\""))); },
+               ErrorCode::kFormatError, {"unknown family 'sapiens3' (sapiens-v1 or sapiens2)"});
+  expect_error([&] { read_card(write(replaced("\"torchscript\"", "\"safetensors\""))); },
+               ErrorCode::kFormatError, {"does not fit family sapiens-v1"});
 }
 
 TEST(UnitCards, BrokenCardFilesAreSkippedAndListed) {

@@ -172,6 +172,11 @@ def test_result_fields(model):
     assert "300" in repr(r) and "211" in repr(r)
     assert model.backend == r.backend and model.info.num_classes == 28
     assert model.info.input_size == (256, 192) and model.info.id == "tiny_a_torchscript.pt2"
+    # The class names and colours are known from the model alone, before any call.
+    assert model.info.family == "sapiens-v1"
+    assert model.info.classes == tuple(r.classes)
+    assert np.array_equal(model.info.palette, r.palette)
+    assert not model.info.palette.flags.writeable
 
 
 def test_arrays_outlive_their_result_and_model():

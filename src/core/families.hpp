@@ -1,0 +1,41 @@
+// The model families the library runs, in one table: how cards and ModelInfo name them, the
+// format of their checkpoints, the label set of a bare checkpoint and the authors' demo resize.
+// A third family is a row here and a folder beside v1/ and v2/.
+#pragma once
+
+#include <array>
+#include <string_view>
+
+namespace sapiens_seg::core {
+
+enum class Family { kSapiensV1, kSapiens2 };
+
+struct FamilyTraits {
+  Family family;
+  std::string_view name;       // "sapiens-v1": Card::family, ModelInfo::family
+  std::string_view format;     // Card::format of its checkpoints
+  std::string_view label_set;  // the classes of a bare checkpoint (a card's label_set)
+  std::string_view resize;     // the authors' demo resize when no card says (Card::resize)
+};
+
+inline constexpr std::array<FamilyTraits, 2> kFamilies{{
+    {Family::kSapiensV1, "sapiens-v1", "torchscript", "goliath-28", "linear"},
+    {Family::kSapiens2, "sapiens2", "safetensors", "dome-29", "area_or_cubic"},
+}};
+
+inline const FamilyTraits& traits_of(Family f) {
+  for (const auto& t : kFamilies) {
+    if (t.family == f) return t;
+  }
+  return kFamilies[0];  // unreachable: every enumerator has a row
+}
+
+// The family a card names; nullptr for a name the library does not know.
+inline const FamilyTraits* family_named(std::string_view name) {
+  for (const auto& t : kFamilies) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace sapiens_seg::core
