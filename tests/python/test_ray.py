@@ -39,7 +39,7 @@ if not TINY_B.exists() or not CLI.exists():
 import cv2  # noqa: E402
 
 from hub_server import HubServer  # noqa: E402
-import sapiens_seg.ray as sr  # noqa: E402
+from sapiens_seg.ray import _command, _segmenter  # noqa: E402
 from sapiens_seg.ray import SapiensSegmenter, output_names, segment_dataset  # noqa: E402
 
 # Ray's own deprecation notices about its configuration fields are not this project's concern.
@@ -177,7 +177,7 @@ def test_the_driver_takes_the_inputs_the_cli_takes(images, tmp_path):
     lst.write_bytes(b"\xef\xbb\xbf" + f"{root / 'gen_grey.png'}\r\n# a comment\r\n"
                     f"{root / 'nope.png'}\r\n{root / 'pipe.png'}\r\n".encode())
     args = [f"@{lst}", str(root), str(root / "gen_grey.png")]
-    found, failed = sr._list_inputs(args, True, "png,jpg", str(out))
+    found, failed = _command._list_inputs(args, True, "png,jpg", str(out))
     r = subprocess.run([str(CLI), "-q", "segment", *args, "-r", "--ext", "png,jpg", "-o", str(out),
                         "--model", str(TINY_B), "--save", "labels,json", "--threads", "1"],
                        capture_output=True, text=True, env=clean_env(), timeout=300)
@@ -234,18 +234,16 @@ def test_uris_and_filesystems(images, cli_out, tmp_path):
 
 
 def test_an_actor_runs_on_the_gpu_ray_gave_it(monkeypatch):
-    import sapiens_seg.ray as sr
-
-    monkeypatch.setattr(sr, "_in_actor", lambda: True)
-    monkeypatch.setattr(sr.ray, "get_gpu_ids", lambda: [3])
+    monkeypatch.setattr(_segmenter, "_in_actor", lambda: True)
+    monkeypatch.setattr(_segmenter.ray, "get_gpu_ids", lambda: [3])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    assert sr._actor_device() == "cuda:0"  # Ray narrowed the devices to the one it gave
+    assert _segmenter._actor_device() == "cuda:0"  # Ray narrowed the devices to the one it gave
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    assert sr._actor_device() == "cuda:1"
+    assert _segmenter._actor_device() == "cuda:1"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert sr._actor_device() == "cuda:3"  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
-    monkeypatch.setattr(sr.ray, "get_gpu_ids", lambda: [])
-    assert sr._actor_device() == "cpu"
+    assert _segmenter._actor_device() == "cuda:3"  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
+    monkeypatch.setattr(_segmenter.ray, "get_gpu_ids", lambda: [])
+    assert _segmenter._actor_device() == "cpu"
 
 
 # ---- on the cluster -----------------------------------------------------------------------------
