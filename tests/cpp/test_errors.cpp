@@ -40,30 +40,6 @@ Error convert(const E& e, const std::string& context = "ctx") {
   }
 }
 
-// In a death-test child: runs `fn` with the address space limited to `extra` bytes above what
-// the process has, and exits 0 when it throws Error(`code`); 2 when it returns, 3 for an Error of
-// another code, 4 for any other exception.
-template <typename Fn>
-[[noreturn]] void exit_under_memory_limit(std::uint64_t extra, ErrorCode code, Fn fn) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  std::uint64_t vm_kb = 0;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
-  }
-  rlimit rl{};
-  rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>((vm_kb << 10) + extra);
-  setrlimit(RLIMIT_AS, &rl);
-  try {
-    fn();
-    std::_Exit(2);
-  } catch (const Error& e) {
-    std::_Exit(e.code() == code ? 0 : 3);
-  } catch (...) {
-    std::_Exit(4);
-  }
-}
-
 bool contains(const Error& e, const std::string& part) {
   return std::string(e.what()).find(part) != std::string::npos;
 }
@@ -237,10 +213,10 @@ TEST(UnitErrors, OneDnnStatusesOtherThanMemoryStayInternal) {
 TEST(UnitErrors, ResizeReportsAnAllocationFailureAsOutOfMemory) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const std::vector<std::uint8_t> px(32 * 32 * 3, 7);
-  EXPECT_EXIT(exit_under_memory_limit(std::uint64_t{64} << 20, ErrorCode::kOutOfMemory,
-                                      [&] {
-                                        resize(ImageView{px.data(), 32, 32, 0}, 16000, 16000);
-                                      }),
+  EXPECT_EXIT(test::exit_under_memory_limit(std::size_t{64} << 20, ErrorCode::kOutOfMemory,
+                                            [&] {
+                                              resize(ImageView{px.data(), 32, 32, 0}, 16000, 16000);
+                                            }),
               ::testing::ExitedWithCode(0), "");
   EXPECT_NO_THROW(system_info());
 }

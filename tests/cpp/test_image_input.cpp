@@ -456,30 +456,6 @@ cv::Mat oriented(const cv::Mat& m, int o) {
   }
 }
 
-// In a death-test child: runs `fn` with the address space limited to `extra` bytes above what
-// the process has, and exits 0 when it throws Error(`code`); 2 when it returns, 3 for an Error of
-// another code, 4 for any other exception.
-template <typename Fn>
-[[noreturn]] void exit_under_memory_limit(std::uint64_t extra, ErrorCode code, Fn fn) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  std::uint64_t vm_kb = 0;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
-  }
-  rlimit rl{};
-  rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>((vm_kb << 10) + extra);
-  setrlimit(RLIMIT_AS, &rl);
-  try {
-    fn();
-    std::_Exit(2);
-  } catch (const Error& e) {
-    std::_Exit(e.code() == code ? 0 : 3);
-  } catch (...) {
-    std::_Exit(4);
-  }
-}
-
 // A progressive JPEG whose frame header (SOF2) is patched to say w x h: a kilobyte.
 Bytes progressive_jpeg_claiming(std::uint16_t w, std::uint16_t h) {
   Bytes b = encode(picture(64, 64), ".jpg", {cv::IMWRITE_JPEG_PROGRESSIVE, 1});
@@ -545,8 +521,8 @@ TEST(UnitImageInput, ProgressiveJpegBombIsRefusedBeforeItsBuffers) {
   expect_error([&] { decode(bomb, "bomb.jpg"); }, ErrorCode::kInvalidInput,
                {"bomb.jpg", "truncated JPEG", "16000x16000", "blocks of 8x8"});
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(exit_under_memory_limit(std::uint64_t{256} << 20, ErrorCode::kInvalidInput,
-                                      [&] { decode(bomb, "bomb.jpg"); }),
+  EXPECT_EXIT(test::exit_under_memory_limit(std::size_t{256} << 20, ErrorCode::kInvalidInput,
+                                            [&] { decode(bomb, "bomb.jpg"); }),
               ::testing::ExitedWithCode(0), "");
   // A real progressive JPEG still decodes.
   const cv::Mat small = picture(300, 200);

@@ -321,6 +321,37 @@ TEST(GpuKernels, InstanceNormStatsAndSilu) {
   }
 }
 
+namespace {
+
+// A head of random weights (C input channels, HC hidden, K classes), its GPU form and its float64
+// reference.
+struct RandomHead {
+  std::vector<at::Tensor> deconv, conv_w, conv_b;
+  at::Tensor seg_w, seg_b;
+
+  seg_up::HeadWeights prepare(at::ScalarType t) const {
+    return seg_up::prepare_head(deconv, conv_w, conv_b, seg_w, seg_b, kGpu, t);
+  }
+  at::Tensor reference(const at::Tensor& feat, int64_t gh, int64_t gw, at::ScalarType t) const {
+    return head_reference_f64(deconv, conv_w, conv_b, seg_w, seg_b, feat, gh, gw, t);
+  }
+};
+
+RandomHead random_head(int64_t C, int64_t HC, int64_t K) {
+  RandomHead h;
+  h.deconv = {at::randn({C, HC, 4, 4}) * 0.1, at::randn({HC, HC, 4, 4}) * 0.1,
+              at::randn({HC, HC, 4, 4}) * 0.1};
+  for (int s = 0; s < 3; ++s) {
+    h.conv_w.push_back(at::randn({HC, HC, 1, 1}) * 0.2);
+    h.conv_b.push_back(at::randn({HC}));
+  }
+  h.seg_w = at::randn({K, HC, 1, 1}) * 0.2;
+  h.seg_b = at::randn({K});
+  return h;
+}
+
+}  // namespace
+
 // The whole head on the GPU against the head of the authors' module in float64 on the CPU
 // (ConvTranspose2d, InstanceNorm2d, SiLU, 1x1 convolutions), from the same rounded weights.
 TEST(GpuKernels, DecoderHead) {
@@ -330,20 +361,10 @@ TEST(GpuKernels, DecoderHead) {
   const int64_t C = 64, HC = 32, K = 28;
   for (at::ScalarType t : kAllTypes) {
     for (auto [gh, gw] : {std::pair<int64_t, int64_t>{4, 3}, {16, 12}}) {
-      const std::vector<at::Tensor> deconv{at::randn({C, HC, 4, 4}) * 0.1,
-                                           at::randn({HC, HC, 4, 4}) * 0.1,
-                                           at::randn({HC, HC, 4, 4}) * 0.1};
-      std::vector<at::Tensor> conv_w, conv_b;
-      for (int s = 0; s < 3; ++s) {
-        conv_w.push_back(at::randn({HC, HC, 1, 1}) * 0.2);
-        conv_b.push_back(at::randn({HC}));
-      }
-      const at::Tensor seg_w = at::randn({K, HC, 1, 1}) * 0.2, seg_b = at::randn({K});
-      const seg_up::HeadWeights hw =
-          seg_up::prepare_head(deconv, conv_w, conv_b, seg_w, seg_b, kGpu, t);
+      const RandomHead head = random_head(C, HC, K);
+      const seg_up::HeadWeights hw = head.prepare(t);
       const at::Tensor feat = at::randn({gh * gw, C}).to(kGpu, t);
-      const at::Tensor ref =
-          head_reference_f64(deconv, conv_w, conv_b, seg_w, seg_b, feat, gh, gw, t);
+      const at::Tensor ref = head.reference(feat, gh, gw, t);
 
       const at::Tensor got = seg_up::head_forward(gemm, hw, feat.contiguous(), gh, gw);
       ASSERT_EQ(got.sizes(), (at::IntArrayRef{64 * gh * gw, 32}));
@@ -365,25 +386,15 @@ TEST(GpuKernels, DecoderHeadBands) {
   fastbb::Gemm gemm(kGpu);
   ASSERT_EQ(seg_up::deconv_band_rows(4 * 48), 84);
   const int64_t C = 64, HC = 32, K = 28;
-  const std::vector<at::Tensor> deconv{at::randn({C, HC, 4, 4}) * 0.1,
-                                       at::randn({HC, HC, 4, 4}) * 0.1,
-                                       at::randn({HC, HC, 4, 4}) * 0.1};
-  std::vector<at::Tensor> conv_w, conv_b;
-  for (int s = 0; s < 3; ++s) {
-    conv_w.push_back(at::randn({HC, HC, 1, 1}) * 0.2);
-    conv_b.push_back(at::randn({HC}));
-  }
-  const at::Tensor seg_w = at::randn({K, HC, 1, 1}) * 0.2, seg_b = at::randn({K});
+  const RandomHead head = random_head(C, HC, K);
   struct Case {
     int64_t gh, gw, band_rows;
   };
   for (at::ScalarType t : {at::kFloat, at::kHalf}) {
-    const seg_up::HeadWeights hw =
-        seg_up::prepare_head(deconv, conv_w, conv_b, seg_w, seg_b, kGpu, t);
+    const seg_up::HeadWeights hw = head.prepare(t);
     for (const Case c : {Case{64, 48, 0}, Case{13, 11, 5}, Case{64, 48, 84}}) {
       const at::Tensor feat = at::randn({c.gh * c.gw, C}).to(kGpu, t);
-      const at::Tensor ref =
-          head_reference_f64(deconv, conv_w, conv_b, seg_w, seg_b, feat, c.gh, c.gw, t);
+      const at::Tensor ref = head.reference(feat, c.gh, c.gw, t);
       const at::Tensor got =
           seg_up::head_forward(gemm, hw, feat.contiguous(), c.gh, c.gw, c.band_rows);
       const at::Tensor logits =

@@ -83,4 +83,20 @@ std::optional<std::string> in_child_process(
 bool cap_address_space(std::size_t slack);
 bool lift_address_space_cap();
 
+// In a death-test child (EXPECT_EXIT): runs `fn` with the address space capped at `extra` bytes
+// above what the process has mapped, and exits 0 when it throws Error(`code`); 2 when it
+// returns, 3 for an Error of another code, 4 for any other exception, 5 when the cap was refused.
+template <typename Fn>
+[[noreturn]] void exit_under_memory_limit(std::size_t extra, ErrorCode code, Fn fn) {
+  if (!cap_address_space(extra)) std::_Exit(5);
+  try {
+    fn();
+    std::_Exit(2);
+  } catch (const Error& e) {
+    std::_Exit(e.code() == code ? 0 : 3);
+  } catch (...) {
+    std::_Exit(4);
+  }
+}
+
 }  // namespace sapiens_seg::test

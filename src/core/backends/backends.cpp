@@ -73,11 +73,13 @@ std::string device_name(const c10::Device& d) {
 
 namespace {
 
-class PortableV1 final : public Runner {
+// The portable network of either family (v1::Network, v2::Network): the same runner around it.
+template <class Network>
+class Portable final : public Runner {
  public:
-  PortableV1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg, c10::Device device,
-             at::ScalarType dtype)
-      : net_(ckpt.tensors, cfg, device, dtype),
+  template <class Weights, class Config>
+  Portable(const Weights& weights, const Config& cfg, c10::Device device, at::ScalarType dtype)
+      : net_(weights, cfg, device, dtype),
         backend_{"portable", device_name(device), dtype_name(dtype)} {}
 
   at::Tensor forward(const at::Tensor& x) const override {
@@ -88,26 +90,7 @@ class PortableV1 final : public Runner {
   const Backend& backend() const override { return backend_; }
 
  private:
-  v1::Network net_;
-  Backend backend_;
-};
-
-class PortableV2 final : public Runner {
- public:
-  PortableV2(const TensorMap& tensors, const v2::Config& cfg, c10::Device device,
-             at::ScalarType dtype)
-      : net_(tensors, cfg, device, dtype),
-        backend_{"portable", device_name(device), dtype_name(dtype)} {}
-
-  at::Tensor forward(const at::Tensor& x) const override {
-    return net_.forward(x).to(at::kCPU, at::kFloat).contiguous();
-  }
-  at::Tensor forward_device(const at::Tensor& x) const override { return net_.forward(x); }
-  c10::Device device() const override { return net_.device(); }
-  const Backend& backend() const override { return backend_; }
-
- private:
-  v2::Network net_;
+  Network net_;
   Backend backend_;
 };
 
@@ -160,7 +143,7 @@ class OriginalV1 final : public Runner {
 
 std::unique_ptr<Runner> make_portable_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
                                          c10::Device device, at::ScalarType dtype) {
-  return std::make_unique<PortableV1>(ckpt, cfg, device, dtype);
+  return std::make_unique<Portable<v1::Network>>(ckpt.tensors, cfg, device, dtype);
 }
 
 std::unique_ptr<Runner> make_original_v1(const TorchScriptCheckpoint& ckpt, const v1::Config& cfg,
@@ -170,7 +153,7 @@ std::unique_ptr<Runner> make_original_v1(const TorchScriptCheckpoint& ckpt, cons
 
 std::unique_ptr<Runner> make_portable_v2(const TensorMap& tensors, const v2::Config& cfg,
                                          c10::Device device, at::ScalarType dtype) {
-  return std::make_unique<PortableV2>(tensors, cfg, device, dtype);
+  return std::make_unique<Portable<v2::Network>>(tensors, cfg, device, dtype);
 }
 
 bool kernels_compiled() {
