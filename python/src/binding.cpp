@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include <opencv2/imgcodecs.hpp>
+
 #include "cli/inputs.hpp"
 #include "cli/naming.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
@@ -483,6 +485,21 @@ py::list output_bases(const py::sequence& paths, const py::bytes& output_dir) {
   return out;
 }
 
+// The label PNG as the CLI writes it (cv::imwrite of the 8-bit grey map, OpenCV's default PNG
+// settings), so the Ray driver's files are the CLI's byte for byte.
+py::bytes encode_labels_png(const py::array_t<std::uint8_t, py::array::c_style>& labels) {
+  if (labels.ndim() != 2) throw py::value_error("labels: expected a 2-D uint8 array");
+  const cv::Mat m(static_cast<int>(labels.shape(0)), static_cast<int>(labels.shape(1)), CV_8UC1,
+                  const_cast<std::uint8_t*>(labels.data()));
+  std::vector<std::uint8_t> out;
+  {
+    py::gil_scoped_release nogil;
+    if (!cv::imencode(".png", m, out))
+      throw ss::Error(ss::ErrorCode::kInternal, "PNG encoding failed");
+  }
+  return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+}
+
 py::dict system_info() {
   ss::SystemInfo s;
   {
@@ -693,6 +710,8 @@ PYBIND11_MODULE(_core, m) {
         "`sapiens-seg segment` takes them, URIs passed through as given. A dict: items "
         "[(path, video)], problems [(path, code, message)], excluded (output files not taken), "
         "notes.");
+  m.def("encode_labels_png", &encode_labels_png, py::arg("labels"),
+        "An HxW uint8 label map as the CLI's <name>_seg.png bytes.");
   m.def("output_bases", &output_bases, py::arg("paths"), py::arg("output_dir"),
         "The CLI's output base names of these inputs (paths as bytes) written into output_dir "
         "(a fresh run): <base>_seg.png is each one's label PNG.");

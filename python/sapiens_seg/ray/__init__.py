@@ -44,8 +44,8 @@ Outputs: the input's columns (less ``image`` and ``bytes``) plus
   small, unreadable) the message and the library's code (``invalid_input``, ``not_found``,
   ``io_error``, ...). A bad image fails its row, never the job.
 
-Label PNGs are 8-bit grey, value = class index: the pixels of the CLI's ``--save labels``
-files (the PNG encoding may differ byte for byte). They are named ``<name>_seg.png``, where
+Label PNGs are 8-bit grey, value = class index: byte for byte the CLI's ``--save labels``
+files (the same OpenCV encoder, through the binding). They are named ``<name>_seg.png``, where
 ``name`` is the row's ``name`` column when there is one, else the input's file stem (with
 ``root=``: its path relative to ``root``, sub-folders kept); inputs whose stems collide need a
 ``name`` column (the command makes one with the CLI's rule, :func:`output_names`). Every

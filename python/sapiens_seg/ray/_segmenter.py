@@ -14,7 +14,8 @@ import pyarrow.fs as pafs
 import ray
 import ray.data
 
-from ._storage import _absolute, _is_uri, _png_gray8, _resolve, _write_file
+from .. import _core
+from ._storage import _absolute, _is_uri, _resolve, _write_file
 
 LABELS_SUFFIX = "_seg.png"
 """What follows an image's name in its label PNG's name (as the CLI's ``--save labels``)."""
@@ -197,7 +198,7 @@ class SapiensSegmenter:
                 raise ValueError("cannot name the label PNG: the row has neither 'name' nor 'path'")
             name = _default_name(str(path), self._root)
         target = posixpath.join(base, f"{name}{LABELS_SUFFIX}")
-        _write_file(fs, target, _png_gray8(labels))
+        _write_file(fs, target, _core.encode_labels_png(np.ascontiguousarray(labels)))
         return prefix + target
 
 

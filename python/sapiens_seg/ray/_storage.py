@@ -1,15 +1,12 @@
 """Where the driver and the actors read and write: local paths and pyarrow file systems (URIs),
-files written whole, and the label PNG."""
+and files written whole."""
 
 from __future__ import annotations
 
 import os
 import posixpath
-import struct
 import uuid
-import zlib
 
-import numpy as np
 import pyarrow.fs as pafs
 
 
@@ -61,21 +58,3 @@ def _write_file(fs: pafs.FileSystem, path: str, data: bytes) -> None:
             pass  # object stores have no folders; a real error shows at the write below
     with fs.open_output_stream(path) as f:  # an object appears whole when the stream closes
         f.write(data)
-
-
-def _png_gray8(a: np.ndarray) -> bytes:
-    """An 8-bit greyscale PNG of ``a`` (no filter, zlib level 6): the pixels the CLI's label
-    PNG holds, without needing OpenCV or PIL on the workers."""
-    h, w = a.shape
-    rows = np.zeros((h, w + 1), np.uint8)  # each row: filter type 0, then the pixels
-    rows[:, 1:] = a
-
-    def chunk(tag: bytes, body: bytes) -> bytes:
-        return (struct.pack(">I", len(body)) + tag + body
-                + struct.pack(">I", zlib.crc32(tag + body) & 0xFFFFFFFF))
-
-    return (b"\x89PNG\r\n\x1a\n"
-            + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
-            + chunk(b"IEND", b""))
-
