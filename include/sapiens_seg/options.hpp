@@ -9,7 +9,7 @@
 namespace sapiens_seg {
 
 enum class Mode {
-  kAuto,      // kernels where they run and the card's measurements prefer them, else portable
+  kAuto,      // portable today: kernels only where a card records a measurement preferring them
   kPortable,  // the network re-implemented on LibTorch ops (CPU and CUDA)
   kKernels,   // the project's CUDA kernels (NVIDIA sm_80+ only)
   kOriginal,  // the checkpoint's own TorchScript graph, as shipped (Sapiens v1 only)
