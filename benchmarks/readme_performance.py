@@ -263,6 +263,8 @@ def section_for(report: dict, path: str, across: str | None = None,
     lines += goals(report)
     if across:
         lines.append(across)
+    if not cols:  # nothing ran (no device, every column failed): say why, no tables
+        return lines + not_run(report)
     lines.append("")
 
     # Ratios first: speed, then peak memory, against the original in Python.
@@ -350,6 +352,12 @@ def section_for(report: dict, path: str, across: str | None = None,
         by = r["columns"]
         cells = [f"{by[c['id']]['median_ms']:.0f}" if c["id"] in by else "n/a" for c in all_cols]
         lines.append(f"| {size(r)} | " + " | ".join(cells) + " |")
+    return lines + not_run(report)
+
+
+def not_run(report: dict) -> list[str]:
+    """A line per reason that columns did not run or failed, naming them."""
+    lines: list[str] = []
     reasons: dict[str, list[str]] = {}
     for c in report["columns"]:
         if c.get("reason"):

@@ -206,3 +206,22 @@ def test_a_gpu_run_shows_autocast_ratios_memory_graphs_and_the_split():
     # A CPU run has none of these tables.
     cpu = "\n".join(rp.section_for(report({}, 40.0), "cpu.json"))
     assert "CUDA graphs" not in cpu and "autocast" not in cpu and "Backbone and head" not in cpu
+
+
+def test_a_run_where_columns_did_not_run_still_renders_and_says_why():
+    # The GPU rehearsal's case (no CUDA device: every column unavailable), and a run where the
+    # reference failed but the library ran: the page says why instead of failing to render.
+    run = report({}, 40.0, model="tiny_b_torchscript.pt2")
+    run["meta"]["device"] = "cuda"
+    for c in run["columns"]:
+        c.update(available=False, reason="no CUDA device")
+    run["columns"].append({"id": "original", "title": "original", "available": False,
+                           "reason": "no CUDA device"})
+    run["results"][0]["columns"] = {}
+    text = "\n".join(rp.section_for(run, "gpu.json"))
+    assert "Not run: portable float32, original (no CUDA device)." in text
+    assert "Speed-up" not in text
+    run["columns"][0].update(available=True, reason="")
+    run["results"][0]["columns"] = {"portable float32": {"median_ms": 40.0, "peak_rss": 1 << 30}}
+    text = "\n".join(rp.section_for(run, "gpu.json"))
+    assert "| 1024x768 | 40 |" in text and "Not run: original (no CUDA device)." in text
