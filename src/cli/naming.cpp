@@ -25,10 +25,10 @@ std::string side_by_side_ext(const std::string& input_name, const CanWriteExt& c
 
 std::string base_at(const NameRequest& r, int level) {
   const fs::path name = fs::path(r.path).filename();
-  const std::string stem = name.stem().string();
+  std::string stem = name.stem().string();
   if (level == 0) return stem;
   const std::string ext = name.extension().string();
-  const std::string with_ext = ext.size() > 1 ? stem + "_" + ext.substr(1) : stem;
+  std::string with_ext = ext.size() > 1 ? stem + "_" + ext.substr(1) : stem;
   if (level == 1 && with_ext != stem) return with_ext;
   char hash[16];
   std::snprintf(hash, sizeof hash, "_%08x", static_cast<unsigned>(fnv1a64(r.identity) >> 32));
@@ -101,6 +101,7 @@ std::vector<std::string> assign_bases(const std::vector<NameRequest>& requests,
   // hash collision can only rename an input further, never let two outputs share a file.
   constexpr std::size_t kTaken = static_cast<std::size_t>(-1);
   std::vector<std::uint64_t> taken_hashes;
+  taken_hashes.reserve(taken.size());
   for (const auto& t : taken) taken_hashes.push_back(fnv1a64(t));
   auto colliding = [&] {
     std::vector<std::pair<std::uint64_t, std::size_t>> claims;
