@@ -230,6 +230,11 @@ if [ "$record" = 1 ]; then
 import json, os, sys, time, zipfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(sys.argv[1]).parents[1]))  # benchmarks/
+from machine_facts import machine_facts
+
+facts = machine_facts()
+
 out, wheel, result, probes, dist, glibc, install_s, elapsed, npkg, pretty = sys.argv[1:]
 rec = json.loads(Path(out).read_text()) if Path(out).exists() else {}
 with zipfile.ZipFile(wheel) as z:
@@ -260,6 +265,8 @@ rec.setdefault("chroots", {})[dist] = {
                   "ldd": r["ldd"]},
     "segmented": r["segmented"], "date": time.strftime("%Y-%m-%d", time.gmtime()),
     "run_seconds": int(elapsed),
+    # The machine the check ran on, by CPU vendor, family, model and stepping.
+    "machine": {k: facts[k] for k in ("cpu", "cores", "memory_gib", "os")},
 }
 rec["segmented"] = all(c["segmented"] for c in rec["chroots"].values())
 rec["note"] = ("tools/check_wheel.sh on a shared 2-core build machine: durations are indicative")

@@ -287,7 +287,17 @@ if smi:
     say("gpu", r.stdout.strip() or r.stderr.strip() or "none")
 else:
     say("gpu", "none (no nvidia-smi)")
-say("cpu", f"{os.cpu_count()} logical cores")
+# The CPU by vendor, family, model and stepping (one name covers generations that differ 2x).
+sys.path.insert(0, "benchmarks")
+from machine_facts import parse_cpuinfo
+try:
+    cpu = parse_cpuinfo(open("/proc/cpuinfo", encoding="ascii", errors="replace").read())
+except OSError:
+    cpu = parse_cpuinfo("")
+say("cpu", f"{os.cpu_count()} logical cores; {cpu['name']}, {cpu['vendor']} family "
+    f"{cpu['family']} model {cpu['model']} stepping {cpu['stepping']}"
+    + (f" ({cpu['microarchitecture']})" if cpu["microarchitecture"] else "")
+    + f"; {' '.join(cpu['isa_flags'])}")
 if problems:
     say("missing", ", ".join(problems))
     sys.exit(1)
