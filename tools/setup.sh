@@ -66,20 +66,7 @@ done
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 if [ "$with_apt" = 1 ]; then
-  missing=()
-  for p in "${APT_PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    log "installing Debian packages: ${missing[*]}"
-    sudo_cmd=()
-    [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    "${sudo_cmd[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-      "${missing[@]}" >/dev/null
-  else
-    log "Debian packages present"
-  fi
+  "$(dirname "${BASH_SOURCE[0]}")/apt_install.sh" "${APT_PKGS[@]}"
 fi
 
 PY=${PYTHON:-python3}

@@ -104,8 +104,8 @@ class ModelInfo:
     backend: Backend
     classes: tuple[str, ...]
     """The class names, index 0 the background (what ``Result.classes`` holds)."""
-    palette: np.ndarray
-    """numpy uint8 ``[C, 3]`` (read-only), the RGB colour of each class."""
+    palette: tuple[tuple[int, int, int], ...]
+    """The RGB colour of each class (as ``Card.palette``; ``Result.palette`` is the array)."""
 
 
 class Result:
@@ -251,8 +251,7 @@ class Model:
             license=i["license"], input_size=(i["input_height"], i["input_width"]),
             num_classes=i["num_classes"], embed_dim=i["embed_dim"], depth=i["depth"],
             heads=i["heads"], backend=Backend(*i["backend"]), classes=tuple(i["classes"]),
-            palette=i["palette"])
-        self._info.palette.setflags(write=False)
+            palette=tuple(tuple(int(v) for v in rgb) for rgb in i["palette"].tolist()))
 
     @property
     def info(self) -> ModelInfo:

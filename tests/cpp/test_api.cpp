@@ -576,14 +576,6 @@ TEST(UnitApi, OutOfMemoryInsideOneDnnLeavesTheModelUsableOnTheSameThread) {
 
 namespace {
 
-fs::path scratch_dir(const std::string& name) {
-  const fs::path d =
-      fs::temp_directory_path() / ("sapiens_seg_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 std::vector<std::uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -596,7 +588,7 @@ std::vector<std::uint8_t> read_bytes(const std::string& path) {
 // memory at load. (With a shared file mapping the rewrite changed the weights of the running
 // model, and the first call after the truncation died of SIGBUS.)
 TEST(UnitApi, ACheckpointChangedUnderfootDoesNotReachALoadedModel) {
-  const fs::path tmp = scratch_dir("underfoot");
+  const fs::path tmp = test::scratch_dir("underfoot");
   const Input img = Input::file(fixture("images/synth_300x211.png"));
   for (const char* name : {"tiny_a_torchscript.pt2", "s2_tiny.safetensors"}) {
     const fs::path copy = tmp / (std::string("model") + fs::path(name).extension().string());
@@ -626,7 +618,7 @@ TEST(UnitApi, ACheckpointChangedUnderfootDoesNotReachALoadedModel) {
 // opening a FIFO would block until a writer came (the call hung), and reading /dev/zero would
 // never end.
 TEST(UnitApi, NonRegularFilesAreRefusedWithoutBeingOpened) {
-  const fs::path tmp = scratch_dir("special");
+  const fs::path tmp = test::scratch_dir("special");
   const fs::path pipe_pt2 = tmp / "pipe.pt2", pipe_st = tmp / "pipe.safetensors",
                  pipe_jpg = tmp / "pipe.jpg", sock_jpg = tmp / "sock.jpg";
   for (const auto& p : {pipe_pt2, pipe_st, pipe_jpg}) ASSERT_EQ(mkfifo(p.c_str(), 0600), 0) << p;

@@ -422,9 +422,7 @@ TEST(UnitCliInputs, TheOutputFolderIsNotTakenAsInputs) {
 // file is what NumPy reads, and a write that cannot happen leaves nothing behind.
 TEST(UnitCliFiles, NpyIsWhatNumPyReadsWrittenInPieces) {
   namespace fs = std::filesystem;
-  const fs::path d = fs::temp_directory_path() / ("cli_npy_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = sapiens_seg::test::scratch_dir("cli_npy");
   const std::vector<std::int64_t> v = {0, 1, 27, -5, 3, 4};
   std::size_t at = 0, calls = 0;
   write_npy((d / "a.npy").string(), "<i8", 8, {2, 3}, [&](void* buf, std::size_t max_items) {

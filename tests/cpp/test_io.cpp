@@ -45,14 +45,6 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-fs::path temp_dir(const std::string& name) {
-  const fs::path d =
-      fs::temp_directory_path() / ("sapiens_seg_test_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 std::vector<std::uint8_t> encode(const cv::Mat& m, const std::string& ext) {
   std::vector<std::uint8_t> buf;
   EXPECT_TRUE(cv::imencode(ext, m, buf));
@@ -76,7 +68,7 @@ TEST(UnitSha256, KnownVectorsAndFiles) {
   io::Sha256 h;
   h.update("abc", 3);
   EXPECT_EQ(h.hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  const auto d = temp_dir("sha");
+  const auto d = test::scratch_dir("sha");
   write_bytes(d / "empty", {});
   EXPECT_EQ(io::sha256_file((d / "empty").string()),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -112,7 +104,7 @@ TEST(UnitCards, BundledV1CardsParseAndAgreeWithTheSpec) {
 }
 
 TEST(UnitCards, OverlayFolderAndMalformedCards) {
-  const auto d = temp_dir("cards");
+  const auto d = test::scratch_dir("cards");
   {
     ScopedEnv env("SAPIENS_SEG_CARDS", fixture("cards"));
     EXPECT_EQ(find_card("fixture-tiny-a").file, "tiny_a_torchscript.pt2");
@@ -149,7 +141,7 @@ TEST(UnitCards, OverlayFolderAndMalformedCards) {
 }
 
 TEST(UnitCards, BrokenCardFilesAreSkippedAndListed) {
-  const auto d = temp_dir("broken_cards");
+  const auto d = test::scratch_dir("broken_cards");
   std::ifstream in(fixture("cards/tiny_a.json"));
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::ofstream(d / "a_good.json") << good;
@@ -306,7 +298,7 @@ TEST(UnitImage, ResizesEqualTheLinkedOpenCvByteForByte) {
 }
 
 TEST(UnitImage, BadImagesGetClearErrors) {
-  const auto d = temp_dir("img");
+  const auto d = test::scratch_dir("img");
   std::vector<std::uint8_t> jpg = encode(pattern(200, 300), ".jpg");
   std::vector<std::uint8_t> cut(jpg.begin(), jpg.begin() + static_cast<long>(jpg.size() / 2));
   expect_error([&] { io::decode_bytes(cut, "cut.jpg"); }, ErrorCode::kInvalidInput,
@@ -419,7 +411,7 @@ TEST(UnitImage, Sapiens2ResizeRuleMatchesPythonCv2) {
 }
 
 TEST(UnitWeights, LocateVerifyAndGates) {
-  const auto d = temp_dir("weights");
+  const auto d = test::scratch_dir("weights");
   ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
   ScopedEnv hf("HF_HUB_CACHE", (d / "hf").string());
   ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
@@ -477,7 +469,7 @@ TEST(UnitWeights, LocateVerifyAndGates) {
 }
 
 TEST(UnitWeights, StampsSkipTheHashUntilTheFileChanges) {
-  const auto d = temp_dir("stamps");
+  const auto d = test::scratch_dir("stamps");
   ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
   ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
   const Card tiny = find_card("fixture-tiny-a");
@@ -508,7 +500,7 @@ TEST(UnitWeights, StampsSkipTheHashUntilTheFileChanges) {
 }
 
 TEST(UnitWeights, ABareFileIsKnownByItsContent) {
-  const auto d = temp_dir("by_content");
+  const auto d = test::scratch_dir("by_content");
   ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
   ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
   const Card tiny = find_card("fixture-tiny-a");
@@ -566,7 +558,7 @@ TEST(UnitWeights, ABareFileIsKnownByItsContent) {
 }
 
 TEST(UnitWeights, StatusSaysWrongSizeAndVerified) {
-  const auto d = temp_dir("status");
+  const auto d = test::scratch_dir("status");
   ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
   ScopedEnv hf("HF_HUB_CACHE", (d / "hf").string());
   ScopedEnv cards("SAPIENS_SEG_CARDS", fixture("cards"));
@@ -590,7 +582,7 @@ TEST(UnitWeights, StatusSaysWrongSizeAndVerified) {
 }
 
 TEST(UnitWeights, MessagesNameEveryWayOut) {
-  const auto d = temp_dir("messages");
+  const auto d = test::scratch_dir("messages");
   ScopedEnv home("SAPIENS_SEG_HOME", (d / "home").string());
   ScopedEnv hf("HF_HUB_CACHE", (d / "hf").string());
   unsetenv("SAPIENS_SEG_CARDS");
@@ -611,7 +603,7 @@ TEST(UnitWeights, MessagesNameEveryWayOut) {
 // A tuning variable of the downloader that is set but malformed is an invalid-input error naming
 // it, before anything is created or fetched (it was read as its default without a word).
 TEST(UnitDownload, MalformedTuningVariablesAreInvalidInput) {
-  const auto d = temp_dir("retries");
+  const auto d = test::scratch_dir("retries");
   io::DownloadRequest req;
   req.url = "http://127.0.0.1:9/model.bin";  // nothing listens: a run that got there would fail
   req.dest = (d / "model.bin").string();

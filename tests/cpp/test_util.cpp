@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -75,6 +76,14 @@ std::size_t address_space_bytes() {
 }
 
 }  // namespace
+
+std::filesystem::path scratch_dir(const std::string& name) {
+  const std::filesystem::path d = std::filesystem::temp_directory_path() /
+                                  ("sapiens_seg_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
 
 std::optional<std::string> in_child_process(const std::function<std::string()>& fn,
                                             std::chrono::seconds timeout) {

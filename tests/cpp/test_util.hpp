@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <initializer_list>
 #include <optional>
@@ -17,6 +18,10 @@
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::test {
+
+// An empty folder of this process under the system's temporary folder, named for `name`
+// (removed first when a previous run left it).
+std::filesystem::path scratch_dir(const std::string& name);
 
 // $SAPIENS_SEG_FIXTURES (set by ctest), with a skip message when absent.
 std::string fixtures_dir();

@@ -114,7 +114,11 @@ def _list_inputs(args: Iterable[str], recursive: bool, ext: str,
     exts = {("." + e.strip().lstrip(".")).lower() for e in ext.split(",") if e.strip()}
     found: list[str] = []
     failed: list[tuple[str, str, str]] = list(x["problems"])
-    for item, _video in x["items"]:
+    for item, video in x["items"]:
+        if video:  # the CLI segments videos frame by frame; this driver takes images only
+            failed.append((item, ErrorCode.INVALID_INPUT.label,
+                           f"{item} is a video: segment it with sapiens-seg segment"))
+            continue
         if not _is_uri(item):
             found.append(item)
             continue
@@ -122,7 +126,7 @@ def _list_inputs(args: Iterable[str], recursive: bool, ext: str,
             fs, p, prefix = _resolve(item, None)
             info = fs.get_file_info(p)
         except (pa.ArrowException, OSError, ValueError) as e:
-            failed.append((item, "io_error", f"cannot open {item}: {e}"))
+            failed.append((item, ErrorCode.IO.label, f"cannot open {item}: {e}"))
             continue
         if info.type == pafs.FileType.Directory:
             sel = pafs.FileSelector(p, recursive=recursive)
@@ -135,7 +139,7 @@ def _list_inputs(args: Iterable[str], recursive: bool, ext: str,
         elif info.type == pafs.FileType.File:
             found.append(item)
         else:
-            failed.append((item, "not_found", f"input not found: {item}"))
+            failed.append((item, ErrorCode.NOT_FOUND.label, f"input not found: {item}"))
     return found, failed
 
 
@@ -278,7 +282,7 @@ def _job_error(e: BaseException) -> tuple[str, str]:
         if isinstance(cls, type) and issubclass(cls, errors.SapiensSegError):
             return cls.code.label, m.group(2).strip()
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return "internal_error", lines[-1] if lines else type(e).__name__
+    return ErrorCode.INTERNAL.label, lines[-1] if lines else type(e).__name__
 
 
 def _write_summaries(ds: ray.data.Dataset | None, failed: list[tuple[str, str, str]],

@@ -15,6 +15,7 @@ import ray
 import ray.data
 
 from .. import _core
+from ..errors import ErrorCode
 from ._storage import _absolute, _is_uri, _resolve, _write_file
 
 LABELS_SUFFIX = "_seg.png"
@@ -198,7 +199,7 @@ class SapiensSegmenter:
                 raise ValueError("cannot name the label PNG: the row has neither 'name' nor 'path'")
             name = _default_name(str(path), self._root)
         target = posixpath.join(base, f"{name}{LABELS_SUFFIX}")
-        _write_file(fs, target, _core.encode_labels_png(np.ascontiguousarray(labels)))
+        _write_file(fs, target, _core.encode_labels_png(labels))
         return prefix + target
 
 
@@ -302,15 +303,15 @@ def _describe(e: BaseException) -> tuple[str, str]:
     if isinstance(e, SapiensSegError):
         code = e.code.label
     elif isinstance(e, MemoryError):
-        code = "out_of_memory"
+        code = ErrorCode.OUT_OF_MEMORY.label
     elif isinstance(e, FileNotFoundError):
-        code = "not_found"
+        code = ErrorCode.NOT_FOUND.label
     elif isinstance(e, OSError):
-        code = "io_error"
+        code = ErrorCode.IO.label
     elif isinstance(e, (ValueError, TypeError)):
-        code = "invalid_input"
+        code = ErrorCode.INVALID_INPUT.label
     else:
-        code = "internal_error"
+        code = ErrorCode.INTERNAL.label
     return code, str(e) or type(e).__name__
 
 

@@ -89,7 +89,7 @@ class KernelsRunner : public Runner {
 };
 
 // The schedules' steps on the kernels.
-class CudaOps final : public KernelOps {
+class CudaOps : public KernelOps {
  public:
   CudaOps(fastbb::Gemm& gemm, cudnn_hacc::Attention& attn) : gemm_(gemm), attn_(attn) {}
 
@@ -127,47 +127,18 @@ class CudaOps final : public KernelOps {
   cudnn_hacc::Attention& attn_;
 };
 
+// The cuBLASLt and cuDNN state of a CudaOps that owns it, constructed before the CudaOps base
+// that refers to it (a base listed first is initialised first).
+struct CudaOpsState {
+  explicit CudaOpsState(c10::Device device) : gemm(device), attn(device) {}
+  fastbb::Gemm gemm;
+  cudnn_hacc::Attention attn;
+};
+
 // CudaOps with its own cuBLASLt and cuDNN state (cuda_kernel_ops).
-class OwningCudaOps final : public KernelOps {
+class OwningCudaOps final : private CudaOpsState, public CudaOps {
  public:
-  explicit OwningCudaOps(c10::Device device)
-      : gemm_(std::make_unique<fastbb::Gemm>(device)),
-        attn_(std::make_unique<cudnn_hacc::Attention>(device)),
-        ops_(*gemm_, *attn_) {}
-
-  void layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
-                  const at::Tensor& out) override {
-    ops_.layer_norm(x, w, b, eps, out);
-  }
-  void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
-                const at::Tensor& out) override {
-    ops_.rms_norm(x, w, eps, out);
-  }
-  void linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-              const at::Tensor& residual, fastbb::Activation act, const at::Tensor& out) override {
-    ops_.linear(x, w, b, residual, act, out);
-  }
-  void attention(const at::Tensor& qkv, const at::Tensor& out, float scale) override {
-    ops_.attention(qkv, out, scale);
-  }
-  void qk_norm_rope(const at::Tensor& qkv, const at::Tensor& q_w, const at::Tensor& k_w,
-                    const at::Tensor& cos, const at::Tensor& sin,
-                    const fastbb::QkRope& p) override {
-    ops_.qk_norm_rope(qkv, q_w, k_w, cos, sin, p);
-  }
-  void scale_add(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma) override {
-    ops_.scale_add(x, y, gamma);
-  }
-  void swiglu(const at::Tensor& h, const at::Tensor& out) override { ops_.swiglu(h, out); }
-  at::Tensor head(const seg_up::HeadWeights& w, const at::Tensor& feat, int64_t gh,
-                  int64_t gw) override {
-    return ops_.head(w, feat, gh, gw);
-  }
-
- private:
-  std::unique_ptr<fastbb::Gemm> gemm_;
-  std::unique_ptr<cudnn_hacc::Attention> attn_;
-  CudaOps ops_;
+  explicit OwningCudaOps(c10::Device device) : CudaOpsState(device), CudaOps(gemm, attn) {}
 };
 
 // A family's schedule (v1 or v2 kernels_schedule) on the kernels: its weights, prepared once,
