@@ -449,7 +449,7 @@ int exif_orientation(const std::uint8_t* p, std::size_t n) noexcept {
   const std::size_t entries = load(p + ifd, 2, little);
   for (std::size_t i = 0; i < entries; ++i) {
     const std::size_t e = ifd + 2 + 12 * i;
-    if (e > n - 12) break;
+    if (e + 12 > n) break;  // (n - 12 would wrap for n < 12)
     if (load(p + e, 2, little) != 0x0112) continue;
     // A SHORT with one value, stored in the entry itself.
     if (load(p + e + 2, 2, little) != 3 || load(p + e + 4, 4, little) < 1) return 1;

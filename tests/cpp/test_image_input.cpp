@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -527,4 +528,22 @@ TEST(UnitImageInput, ProgressiveJpegBombIsRefusedBeforeItsBuffers) {
   // A real progressive JPEG still decodes.
   const cv::Mat small = picture(300, 200);
   EXPECT_EQ(decode(encode(small, ".jpg", {cv::IMWRITE_JPEG_PROGRESSIVE, 1})).rows, 300);
+}
+
+// An EXIF block shorter than one IFD entry that ends at the end of readable memory (a WebP whose
+// last chunk is a 10-byte EXIF hands over exactly that): the parser must not read past it. The
+// bytes sit at the end of a page followed by an inaccessible one, so a read past them crashes.
+TEST(UnitImageInput, ExifShorterThanAnEntryIsNotReadPastItsEnd) {
+  const long page = sysconf(_SC_PAGESIZE);
+  void* mem = mmap(nullptr, 2 * static_cast<std::size_t>(page), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* base = static_cast<std::uint8_t*>(mem);
+  ASSERT_EQ(mprotect(base + page, static_cast<std::size_t>(page), PROT_NONE), 0);
+  // "II", 42, first IFD at 8, then its entry count (1): 10 bytes, no room for the entry.
+  const std::uint8_t tiff[10] = {'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0};
+  std::uint8_t* at = base + page - sizeof tiff;
+  std::memcpy(at, tiff, sizeof tiff);
+  EXPECT_EQ(io::exif_orientation(at, sizeof tiff), 1);
+  munmap(mem, 2 * static_cast<std::size_t>(page));
 }
