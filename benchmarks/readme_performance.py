@@ -341,7 +341,7 @@ def section_for(report: dict, path: str, across: str | None = None,
                           "(random weights make label agreement pessimistic): "
                       + "; ".join(parts) + "."]
 
-    lines += device_tables(report)
+    lines += device_tables(report, ref)
 
     all_cols = [cols[ref]] + ([cols["original"]] if ref != "original" and "original" in cols
                               else []) + modes
@@ -368,23 +368,25 @@ def not_run(report: dict) -> list[str]:
     return lines
 
 
-def device_tables(report: dict) -> list[str]:
+def device_tables(report: dict, ref: str) -> list[str]:
     """What only GPU runs record: ratios against the authors' autocast fp16 (the product's GPU
     goal is stated against it), first calls, CUDA memory peaks, CUDA-graph capture counts and
     the backbone/head split. Nothing for a CPU run."""
     lines: list[str] = []
     cols = available(report)
     title = {c["id"]: c["title"] for c in cols}
-    for ref in (c["id"] for c in cols if c["id"].startswith("original autocast")):
-        others = [c for c in cols if c["id"] != ref]
+    # Against the autocast column, unless it is already the page's reference (`ref`).
+    autocast = [c["id"] for c in cols if c["id"].startswith("original autocast") and c["id"] != ref]
+    for auto in autocast:
+        others = [c for c in cols if c["id"] != auto]
         for key, what in (("median_ms", "end to end"), ("median_net_ms", "network only")):
-            lines += ["", f"Speed-up against {title[ref]}, {what} (higher is better):", "",
+            lines += ["", f"Speed-up against {title[auto]}, {what} (higher is better):", "",
                       "| image | " + " | ".join(c["title"] for c in others) + " |",
                       "|---|" + "---:|" * len(others)]
             for r in report["results"]:
                 by = r["columns"]
                 lines.append(f"| {size(r)} | " + " | ".join(
-                    ratio(by.get(ref, {}).get(key), by.get(c["id"], {}).get(key))
+                    ratio(by.get(auto, {}).get(key), by.get(c["id"], {}).get(key))
                     for c in others) + " |")
     cuda = [c for c in cols if any("cuda_peak_allocated" in r["columns"].get(c["id"], {})
                                    for r in report["results"])]
@@ -653,8 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="change nothing; exit 1 when a page differs from what the results give")
     ap.add_argument("--print", dest="show", type=Path, metavar="RESULT.json",
-                    help="print one result's section (what speed_check's --markdown says, in the "
-                         "page's form) and change nothing")
+                    help="print one result's section, as the page shows it, and change nothing")
     args = ap.parse_args(argv)
     if args.show:
         report = json.loads(args.show.read_text())

@@ -26,9 +26,9 @@
 # the torch wheels in build-wheel-deps/wheelhouse/ (about 3 GB per Python version).
 #
 # Not part of ctest or .ci/run: too slow, and it needs root. With the wheel already built, a run
-# took 3 to 8 minutes on the shared 2-core build machine (Debian 13 alone on it, Debian 12 while
-# other builds ran), then a minute or two to delete the root; installing torch and its CUDA
-# packages into the root is the largest part. Building the wheel first (tools/build_wheel.sh)
+# took about 4 minutes on the 2-core build machine (the times are in wheel-check.json), then a
+# minute or two to delete the root; installing torch and its CUDA packages into the root is the
+# largest part. Building the wheel first (tools/build_wheel.sh)
 # adds about 25 minutes for the trimmed libraries the first time, and the project's build.
 set -Eeuo pipefail
 

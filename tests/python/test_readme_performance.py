@@ -180,11 +180,13 @@ def test_a_gpu_run_shows_autocast_ratios_memory_graphs_and_the_split():
     run = report({}, 40.0, model="full_0.3b_torchscript.pt2")
     run["meta"]["device"] = "cuda"
     run["columns"] = [
+        {"id": "original", "title": "original", "available": True},
         {"id": "original autocast float16", "title": "original autocast fp16", "available": True},
         {"id": "kernels float16", "title": "kernels fp16", "available": True},
         {"id": "portable float16", "title": "portable fp16", "available": False,
          "reason": "cuDNN attention unsupported"}]
     run["results"][0]["columns"] = {
+        "original": {"median_ms": 60.0, "median_net_ms": 48.0},
         "original autocast float16": {"median_ms": 30.0, "median_net_ms": 24.0, "first_ms": 900.0,
                                       "peak_rss": 3 << 30, "cuda_peak_allocated": 2 << 30,
                                       "cuda_peak_reserved": 5 << 29},
@@ -197,8 +199,9 @@ def test_a_gpu_run_shows_autocast_ratios_memory_graphs_and_the_split():
     run["split"] = {"kernels float16": {"backbone_ms": 4.5, "head_ms": 1.5, "note": "eager"}}
     text = "\n".join(rp.section_for(run, "gpu.json"))
     assert "Speed-up against original autocast fp16, end to end" in text
-    assert "| 1024x768 | 3.00x |" in text  # 30 ms / 10 ms
-    assert "| 1024x768 | 4.00x |" in text  # network only: 24 / 6
+    # The page's reference is the float32 original; the autocast tables come on top of it.
+    assert "| 1024x768 | 0.50x | 3.00x |" in text  # autocast / original, autocast / kernels
+    assert "| 1024x768 | 0.50x | 4.00x |" in text  # network only: 24 / 48, 24 / 6
     assert "| 1024x768 | kernels fp16 | 450 | 700 | 2.00 | 1.00 | 1.50 |" in text
     assert "| kernels fp16 | 1 | 1 | 15 | 2 | batch 3: oom |" in text
     assert "| kernels fp16 | 4.50 | 1.50 | 25 % | eager |" in text
