@@ -334,7 +334,6 @@ Weights resolve(const std::string& id_or_path) {
 // it on the way).
 void obtain(Weights& w, const io::GateOptions& gate, const FetchOptions& fetch) {
   if (w.given_as_path) {
-    if (!fs::exists(w.path)) throw Error(ErrorCode::kNotFound, "checkpoint not found: " + w.path);
     // A directory, FIFO, socket or device is refused by what it is, before anything opens it (a
     // FIFO would block the hashing of step 4 until a writer came).
     core::check_regular_file(w.path, "checkpoint");

@@ -40,7 +40,8 @@ MappedFile map_file(const std::string& path, const std::string& what);
 // one live map_file buffer; bytes outside whole pages, and memory that is not such a buffer, are
 // never touched. For weights that were converted to another dtype or copied to a device: without
 // it the file's bytes would stay resident beside the converted copy until the model is released,
-// so a bfloat16 load of a 20 GB float32 file would peak at 30 GB instead of 10. The pages become
+// so a bfloat16 load of a 20 GB float32 file would keep 30 GB resident after the load instead of
+// 10 (during the load the peak is the file's size either way). The pages become
 // a read-only mapping of the same bytes of the file: should the range be read again (a second
 // network built from the same tensors), it faults in from the file as the file is then, so
 // release only what the model will not read again. Returns the bytes released.
