@@ -373,10 +373,18 @@ rc=$?
 record build "$(status_of $rc)" $(($(date +%s) - step_t0)) "$lim" \
   "$(grep -c '^\[' "$logs/build.log") build steps$(grep -m1 -E 'error:|FAILED:' "$logs/build.log" |
     cut -c1-90 | sed 's/^/; /')"
+# A failed build ends the run: the fixtures still being made would only spend the loan's time.
+kill_tree() {
+  local c
+  for c in $(pgrep -P "$1"); do kill_tree "$c"; done
+  kill "$1" 2>/dev/null
+}
+[ $rc = 0 ] || kill_tree "$fixtures_pid"
 wait "$fixtures_pid"
 fx_note=$(awk -F'\t' '{printf "%s%s %s %ss", (NR>1?"; ":""), $1, $2, $3}' "$logs/fixtures.tsv")
 fx_status=passed
 grep -qv $'\tpassed\t' "$logs/fixtures.tsv" && fx_status=failed
+[ $rc = 0 ] || fx_status="stopped (the build failed)"
 # The fixtures ran one after another beside the build: their own time is the sum.
 record fixtures "$fx_status" "$(awk -F'\t' '{s += $3} END {print s + 0}' "$logs/fixtures.tsv")" \
   "$lim" "$fx_note"
