@@ -59,7 +59,18 @@ struct Backend {
   std::string dtype;   // "float32", "float16", "bfloat16"
 };
 
-struct Timings {  // milliseconds, for this call (a batch shares its network time)
+// Where one image's time went, in milliseconds. The same meaning for every caller (C++, the
+// CLI's summary.json, Python, the server), because all of them run Model::prepare then
+// Model::run:
+//   decode       reading and decoding the file or bytes (0 for pixels given as RGB)
+//   preprocess   the resize to the network input and the normalisation (on the host pipeline;
+//                on the device pipeline the upload, and the resize runs inside `network`)
+//   network      the whole network call of the batch the image ran in (shared by the batch)
+//   postprocess  this image's upsample + argmax, and its logits when asked for
+//   total        decode + preprocess + network + postprocess
+// Time spent waiting between prepare() and run() (a queue, a server's batching delay) is in none
+// of them.
+struct Timings {
   double decode = 0, preprocess = 0, network = 0, postprocess = 0, total = 0;
 };
 
@@ -94,20 +105,62 @@ struct ModelInfo {
   std::vector<std::array<std::uint8_t, 3>> palette;  // RGB per class (the authors' colours)
 };
 
-// Immutable after load(); copying is cheap (shared). segment() may be called concurrently from
-// several threads on the same Model: no per-call state lives in it.
+// One image decoded, resized and normalised for one model: the first half of Model::segment(),
+// made by Model::prepare() on the calling thread and consumed by Model::run(). A program that
+// decodes on many threads and batches on one (the CLI, a server) prepares each image where it
+// arrives and runs batches of them. Immutable; copying is cheap (shared); holding one holds its
+// decoded pixels and the network input (3 x input size float32, about 9 MB at 1024x768).
+class SAPIENS_SEG_API Prepared {
+ public:
+  Prepared() = default;  // empty: run() refuses it
+  bool empty() const noexcept { return impl_ == nullptr; }
+  int height() const noexcept;  // the input image's size (after EXIF rotation)
+  int width() const noexcept;
+  // The decoded pixels (a file or bytes), or the caller's pixels for Input::rgb (borrowed: they
+  // must outlive this object) and Input::rgb_copy (owned).
+  ImageView image() const noexcept;
+  // The decoder's warnings (see Result::warnings).
+  const std::vector<std::string>& warnings() const noexcept;
+  // decode and preprocess so far (see Timings).
+  const Timings& timings() const noexcept;
+
+  struct Impl;
+  explicit Prepared(std::shared_ptr<const Impl> impl);
+  const Impl& impl() const;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Immutable after load(); copying is cheap (shared). Every call may be made concurrently from
+// several threads on the same Model: no per-call state lives in it. A default-constructed Model
+// is empty (a placeholder to assign a loaded one to); its calls throw Error(kInvalidInput).
 class SAPIENS_SEG_API Model {
  public:
+  Model() = default;
+  bool empty() const noexcept { return impl_ == nullptr; }
+
+  // prepare() each input, then run() them as one network batch. Images of different sizes may
+  // be mixed.
   Result segment(const Input& input, const SegmentOptions& options = {}) const;
-  // Images of different sizes may be mixed; they share one network batch.
   std::vector<Result> segment(std::span<const Input> batch,
                               const SegmentOptions& options = {}) const;
+
+  // The two halves of segment(): decode, resize and normalise one image (on the calling thread,
+  // no network), then run prepared images of this model as one network batch and finish each
+  // (upsample + argmax). run() gives the same results whatever the batch is made of.
+  // Error(kInvalidInput) for an empty Prepared or one prepared by another model.
+  Prepared prepare(const Input& input) const;
+  std::vector<Result> run(std::span<const Prepared> batch,
+                          const SegmentOptions& options = {}) const;
+
   const ModelInfo& info() const;
 
   struct Impl;
   explicit Model(std::shared_ptr<const Impl> impl);
 
  private:
+  const Impl& checked() const;
   std::shared_ptr<const Impl> impl_;
 };
 
@@ -122,6 +175,17 @@ struct Image {
   std::vector<std::string> warnings;  // the decoder's, as in Result::warnings (read_image)
   ImageView view() const { return {rgb.data(), height, width, 0}; }
 };
+
+// What an encoded image's header says, read without decoding a pixel: a server refuses an image
+// over its pixel budget with this before any memory is spent on it.
+struct ImageInfo {
+  std::string format;         // "JPEG", "PNG", "WebP", "TIFF", "BMP", "PNM"
+  int height = 0, width = 0;  // as decoded: after the EXIF orientation
+};
+// Error(kInvalidInput) for a format the library does not decode or a malformed header;
+// Error(kNotFound / kIo) for a file that cannot be read.
+SAPIENS_SEG_API ImageInfo read_image_info(const std::uint8_t* data, std::size_t size);
+SAPIENS_SEG_API ImageInfo read_image_info(const std::string& path);
 
 // Decodes a file or encoded bytes by the rules of Input (EXIF, grey, alpha, 16-bit, size
 // limits); the decoder's warnings go to Image::warnings and the log. Throws Error(kNotFound /

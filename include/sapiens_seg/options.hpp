@@ -91,6 +91,13 @@ struct ResizeOptions {
   std::string device;
 };
 
+// What a front end does around the library, with one default for all of them (the CLI, Python,
+// the Ray driver, the server's batches).
+struct RunOptions {
+  // Images per network call. Results do not depend on it; memory grows with it.
+  int batch_size = 4;
+};
+
 struct SegmentOptions {
   // Also return logits at the input's size ([classes, H, W] fp32). They are large: 28 x 12 MP is
   // 1.3 GB, so they are produced only when asked for.

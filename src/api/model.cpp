@@ -1,31 +1,23 @@
-// The public Model: ties cards, the weight store, decoding (IO layer) and a Runner (core).
+// The public Model: the weight store hands loading a verified checkpoint, its family's folder in
+// core/ builds the network, and segment() is prepare() (decode, resize, normalise) then run() (the
+// network, then each image's upsample + argmax).
 #include "sapiens_seg/model.hpp"
 
 #include <ATen/Parallel.h>
-#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <new>
 #include <optional>
 
 #include <opencv2/core.hpp>
 
 #include "../core/backends/backends.hpp"
-#include "../core/checkpoint/mapped_file.hpp"
-#include "../core/checkpoint/safetensors.hpp"
-#include "../core/checkpoint/torchscript.hpp"
-#include "../core/cpu/onednn_thread.hpp"
 #include "../core/families.hpp"
-#include "../core/resize/resize.hpp"
-#include "../core/tensor_ops.hpp"
-#include "../core/v1/vit_seg.hpp"
-#include "../core/v2/sapiens2.hpp"
+#include "../core/pipeline/build.hpp"
+#include "../core/pipeline/pipeline.hpp"
 #include "../io/image.hpp"
+#include "../io/image_header.hpp"
 #include "../io/log.hpp"
 #include "../io/weights.hpp"
 #include "sapiens_seg/cards.hpp"
@@ -34,7 +26,14 @@
 namespace sapiens_seg {
 namespace fs = std::filesystem;
 
-// ---- Result --------------------------------------------------------------------------------
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+}  // namespace
+
+// ---- Result, images ------------------------------------------------------------------------
 
 std::vector<std::uint8_t> Result::foreground() const {
   std::vector<std::uint8_t> fg(labels.size());
@@ -59,6 +58,22 @@ Image read_image(const std::vector<std::uint8_t>& encoded) {
     return io::decode_image(encoded.data(), encoded.size(), "encoded image");
   } catch (...) {
     throw as_error(std::current_exception(), "reading an encoded image");
+  }
+}
+
+ImageInfo read_image_info(const std::uint8_t* data, std::size_t size) {
+  try {
+    return io::image_info(data, size, "encoded image");
+  } catch (...) {
+    throw as_error(std::current_exception(), "reading an image header");
+  }
+}
+
+ImageInfo read_image_info(const std::string& path) {
+  try {
+    return io::image_info_file(path);
+  } catch (...) {
+    throw as_error(std::current_exception(), "reading the header of " + path);
   }
 }
 
@@ -103,71 +118,84 @@ Image overlay(const Result& result, ImageView image, float opacity) {
   }
 }
 
-// ---- Model ---------------------------------------------------------------------------------
+// ---- Model and Prepared --------------------------------------------------------------------
 
 struct Model::Impl {
   ModelInfo info;
-  std::vector<std::string> classes;
-  std::vector<std::array<std::uint8_t, 3>> palette;
-  std::array<float, 3> mean{}, std{};
-  int input_h = 0, input_w = 0;
-  std::string resize = "linear";  // or "area_or_cubic" (see Card::resize)
-  core::CubicFlavor cubic = core::CubicFlavor::kWheel;
-  bool device_pipeline = false;  // see Pipeline in options.hpp
+  core::InputRecipe recipe;
   std::unique_ptr<core::Runner> runner;
+};
+
+struct Prepared::Impl {
+  const Model::Impl* model = nullptr;  // whose recipe made `prepared` (run() checks it)
+  Input input;                         // an RGB input: keeps rgb_copy()'s pixels alive
+  Image decoded;                       // files and encoded bytes
+  ImageView view;                      // the pixels: `decoded`'s or the caller's
+  core::PreparedInput prepared;
+  Timings timings;
 };
 
 Model::Model(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
+const Model::Impl& Model::checked() const {
+  if (!impl_) {
+    throw Error(ErrorCode::kInvalidInput,
+                "this Model is empty (default-constructed): assign it the result of "
+                "sapiens_seg::load()");
+  }
+  return *impl_;
+}
+
 const ModelInfo& Model::info() const {
-  return impl_->info;
+  return checked().info;
 }
+
+Prepared::Prepared(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+const Prepared::Impl& Prepared::impl() const {
+  if (!impl_) throw Error(ErrorCode::kInvalidInput, "an empty Prepared (nothing was prepared)");
+  return *impl_;
+}
+
+int Prepared::height() const noexcept {
+  return impl_ ? impl_->prepared.height : 0;
+}
+int Prepared::width() const noexcept {
+  return impl_ ? impl_->prepared.width : 0;
+}
+ImageView Prepared::image() const noexcept {
+  return impl_ ? impl_->view : ImageView{};
+}
+const std::vector<std::string>& Prepared::warnings() const noexcept {
+  static const std::vector<std::string> none;
+  return impl_ ? impl_->decoded.warnings : none;
+}
+const Timings& Prepared::timings() const noexcept {
+  static const Timings zero;
+  return impl_ ? impl_->timings : zero;
+}
+
+// ---- loading, top-down ---------------------------------------------------------------------
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-bool looks_like_path(const std::string& s) {
-  std::error_code ec;
-  if (fs::exists(s, ec) || s.find('/') != std::string::npos) return true;
-  for (const char* ext : {".pt2", ".pt", ".safetensors"}) {
-    const std::string e(ext);
-    if (s.size() > e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0) return true;
+core::BuildRequest build_request(const LoadOptions& opt, const std::optional<Card>& card,
+                                 const c10::Device& device, at::ScalarType dtype) {
+  core::BuildRequest r;
+  r.mode = opt.mode;
+  r.device = device;
+  r.dtype = dtype;
+  r.input_height = opt.input_height;
+  r.input_width = opt.input_width;
+  if (card) {
+    r.card = core::CardFacts{card->id,           card->source,      card->heads,
+                             card->input_height, card->input_width, card->patch};
   }
-  return false;
-}
-
-}  // namespace
-
-namespace {
-
-// A file without a card: a zip archive is a Sapiens v1 TorchScript export; anything else is read
-// as safetensors (Sapiens2), whose reader reports a file that is neither.
-core::Family detect_family(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  if (in.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0) return core::Family::kSapiensV1;
-  const std::string ext = fs::path(path).extension().string();
-  if (ext == ".pt2" || ext == ".pt") return core::Family::kSapiensV1;  // the zip check explains
-  return core::Family::kSapiens2;
-}
-
-// The family of a card (checked against the table when the card was read) or of a bare file.
-core::Family family_of(const std::optional<Card>& card, const std::string& path) {
-  if (!card) return detect_family(path);
-  const core::FamilyTraits* t = core::family_named(card->family);
-  if (t == nullptr) {
-    throw Error(ErrorCode::kFormatError, "card " + card->id + ": unknown family " + card->family);
-  }
-  return t->family;
+  return r;
 }
 
 // The label set of a bare checkpoint: the classes of any bundled card of its family and size.
-std::optional<Card> labels_for(core::Family family, int64_t num_classes) {
+std::optional<Card> labels_for(core::Family family, std::int64_t num_classes) {
   const std::string_view set = core::traits_of(family).label_set;
   for (auto& c : list_cards()) {
     if (c.label_set == set && c.num_classes == num_classes) return c;
@@ -175,304 +203,118 @@ std::optional<Card> labels_for(core::Family family, int64_t num_classes) {
   return std::nullopt;
 }
 
-struct Loaded {
-  int64_t num_classes = 0, embed_dim = 0, depth = 0, heads = 0, input_h = 0, input_w = 0;
-};
-
-std::unique_ptr<core::Runner> pick_runner(
-    const LoadOptions& opt, c10::Device device,
-    const std::function<std::unique_ptr<core::Runner>()>& portable,
-    const std::function<std::unique_ptr<core::Runner>()>& original,
-    const std::function<std::unique_ptr<core::Runner>()>& kernels) {
-  switch (opt.mode) {
-    case Mode::kOriginal:
-      return original();
-    case Mode::kKernels: {
-      const std::string why = core::kernels_unavailable_reason(device);
-      if (!why.empty()) {
-        throw Error(ErrorCode::kBackendUnavailable, "kernels mode unavailable: " + why);
-      }
-      return kernels();
-    }
-    case Mode::kAuto: {
-      // Kernels only where they run and a card's recorded measurement prefers them. No card
-      // records kernel measurements yet, so auto is portable everywhere for now.
-      const std::string why = core::kernels_unavailable_reason(device);
-      io::log(io::Level::kInfo,
-              "auto mode: portable (" +
-                  (why.empty() ? std::string("the kernels can run here, but no card records a "
-                                             "measurement that prefers them")
-                               : why) +
-                  ")");
-      return portable();
-    }
-    case Mode::kPortable:
-      break;
+// Everything ModelInfo says, in one place: the card's facts (or, for a checkpoint no card
+// describes, a bundled card of its family with the same classes, else numbered classes), the
+// network's shape and the backend.
+ModelInfo describe(const io::OpenedCheckpoint& ckpt, const core::Built& net) {
+  ModelInfo info;
+  const std::optional<Card>& card = ckpt.card;
+  info.id = card ? card->id : fs::path(ckpt.path).filename().string();
+  info.family = core::traits_of(ckpt.family).name;
+  info.path = ckpt.path;
+  info.sha256 = ckpt.sha256;
+  info.license = card ? card->license_id : "";
+  info.input_height = static_cast<int>(net.input_height);
+  info.input_width = static_cast<int>(net.input_width);
+  info.num_classes = static_cast<int>(net.num_classes);
+  info.embed_dim = static_cast<int>(net.embed_dim);
+  info.depth = static_cast<int>(net.depth);
+  info.heads = static_cast<int>(net.heads);
+  info.backend = net.runner->backend();
+  if (const std::optional<Card> labels = card ? card : labels_for(ckpt.family, net.num_classes)) {
+    info.classes = labels->classes;
+    info.palette = labels->palette;
+    return info;
   }
-  return portable();
+  // No card names these classes: numbered, with distinct colours so an overlay still shows them.
+  for (std::int64_t k = 0; k < net.num_classes; ++k) {
+    info.classes.push_back("class_" + std::to_string(k));
+    const auto v = static_cast<std::uint8_t>((k * 67) % 256);
+    info.palette.push_back(
+        {v, static_cast<std::uint8_t>(255 - v), static_cast<std::uint8_t>((k * 151) % 256)});
+  }
+  return info;
 }
 
-Loaded build_v1(Model::Impl& impl, const core::TorchScriptCheckpoint& ckpt, const std::string& path,
-                const std::optional<Card>& card, const LoadOptions& opt, c10::Device device,
-                at::ScalarType dtype) {
-  core::v1::ConfigHints hints;
-  if (card) {
-    hints.heads = card->heads;
-    hints.grid_h = card->input_height / card->patch;
-    hints.grid_w = card->input_width / card->patch;
-    // The card's input size fixes the position embedding's grid: a checkpoint trained at
-    // another size is not the card's.
-    if (auto it = ckpt.tensors.find("backbone.pos_embed");
-        it != ckpt.tensors.end() && it->second.dim() == 3 &&
-        it->second.size(1) != *hints.grid_h * *hints.grid_w) {
-      throw Error(ErrorCode::kFormatError,
-                  path + ": the card '" + card->id + "' (" + card->source +
-                      ") gives the input size " + std::to_string(card->input_height) + "x" +
-                      std::to_string(card->input_width) + ", a " + std::to_string(*hints.grid_h) +
-                      "x" + std::to_string(*hints.grid_w) + " grid of " +
-                      std::to_string(*hints.grid_h * *hints.grid_w) +
-                      " patches, but the checkpoint's position embedding has " +
-                      std::to_string(it->second.size(1)) +
-                      " tokens: the card does not describe this checkpoint (correct its input "
-                      "size, or rename the file so that no card claims it)");
-    }
-  }
-  if (ckpt.heads_from_graph) {
-    if (hints.heads && *hints.heads != *ckpt.heads_from_graph) {
-      throw Error(ErrorCode::kFormatError, path + ": the card says " +
-                                               std::to_string(*hints.heads) +
-                                               " attention heads but the traced graph uses " +
-                                               std::to_string(*ckpt.heads_from_graph));
-    }
-    hints.heads = *ckpt.heads_from_graph;
-  }
-  if (opt.input_height > 0) hints.input_h = opt.input_height;
-  if (opt.input_width > 0) hints.input_w = opt.input_width;
-  core::v1::Config cfg;
-  try {
-    cfg = core::v1::infer_config(ckpt.tensors, hints);
-  } catch (const Error& e) {
-    throw Error(e.code(), path + ": " + e.what());
-  }
-  impl.runner = pick_runner(
-      opt, device, [&] { return core::make_portable_v1(ckpt, cfg, device, dtype); },
-      [&] {
-        if (opt.input_height > 0 || opt.input_width > 0) {
-          throw Error(ErrorCode::kBackendUnavailable,
-                      "the original mode runs the traced graph at its own input size only");
-        }
-        return core::make_original_v1(ckpt, cfg, device, dtype);
-      },
-      [&] { return core::make_kernels_v1(ckpt, cfg, device, dtype); });
-  return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
-}
-
-Loaded build_v2(Model::Impl& impl, const core::SafetensorsFile& file, const std::string& path,
-                const std::optional<Card>& card, const LoadOptions& opt, c10::Device device,
-                at::ScalarType dtype) {
-  core::v2::ConfigHints hints;
-  if (card) {
-    hints.input_h = card->input_height;
-    hints.input_w = card->input_width;
-  }
-  if (opt.input_height > 0) hints.input_h = opt.input_height;
-  if (opt.input_width > 0) hints.input_w = opt.input_width;
-  core::TensorMap tensors;
-  core::v2::Config cfg;
-  try {
-    tensors = core::v2::to_original_names(file.all());
-    cfg = core::v2::infer_config(tensors, hints);
-  } catch (const Error& e) {
-    throw Error(e.code(), path + ": " + e.what());
-  }
-  if (card && card->heads > 0 && card->heads != cfg.heads) {
-    throw Error(ErrorCode::kFormatError, path + ": the card says " + std::to_string(card->heads) +
-                                             " attention heads but the q/k-norm width gives " +
-                                             std::to_string(cfg.heads));
-  }
-  impl.runner = pick_runner(
-      opt, device, [&] { return core::make_portable_v2(tensors, cfg, device, dtype); },
-      []() -> std::unique_ptr<core::Runner> {
-        throw Error(ErrorCode::kBackendUnavailable,
-                    "the original mode does not exist for Sapiens2: the authors release weights "
-                    "(safetensors), not a traced graph, so there is nothing to run as shipped. "
-                    "Use the portable mode (the network re-implemented from the authors' "
-                    "module definition and checked against it).");
-      },
-      [&] { return core::make_kernels_v2(tensors, cfg, device, dtype); });
-  return {cfg.num_classes, cfg.embed_dim, cfg.depth, cfg.heads, cfg.input_h, cfg.input_w};
-}
-
-}  // namespace
-
-namespace {
-// ---- loading, step by step -------------------------------------------------------------------
-
-// What loading knows of the checkpoint, filled in step by step.
-struct Weights {
-  std::optional<Card> card;  // of the id, of the file's name, or (verify) of its content
-  std::string path;          // "" until obtain() for a card id
-  std::string sha256;        // "" until verify(), and for a file that needs no hash
-  bool given_as_path = false;
-};
-
-// The name or path: a card id ("@revision" allowed), or a file, which a card claims when the file
-// bears its file name. Reads no file.
-Weights resolve(const std::string& id_or_path) {
-  Weights w;
-  if (looks_like_path(id_or_path)) {
-    w.given_as_path = true;
-    w.path = id_or_path;
-    w.card = io::card_for_file_name(w.path);
+// How images become the network's input: the card's resize and normalisation, else the family's
+// (families.hpp); the network's input size; where the work runs.
+core::InputRecipe recipe_for(const io::OpenedCheckpoint& ckpt, const core::Built& net,
+                             const LoadOptions& opt) {
+  const core::FamilyTraits& family = core::traits_of(ckpt.family);
+  const std::optional<Card> norm = ckpt.card ? ckpt.card : labels_for(ckpt.family, net.num_classes);
+  const bool demo = opt.normalization == Normalization::kDemo;
+  core::InputRecipe r;
+  r.input_height = static_cast<int>(net.input_height);
+  r.input_width = static_cast<int>(net.input_width);
+  if (norm) {
+    r.mean = demo ? norm->mean : norm->mean_train;
+    r.std = demo ? norm->std : norm->std_train;
   } else {
-    w.card = find_card(id_or_path);
+    const core::MeanStd& ms = demo ? family.demo : family.training;
+    r.mean = ms.mean;
+    r.std = ms.std;
   }
-  return w;
+  r.area_or_cubic = (ckpt.card ? ckpt.card->resize : std::string(family.resize)) == "area_or_cubic";
+  r.cubic =
+      opt.cubic == CubicResize::kOpenCV ? core::CubicFlavor::kOpenCV : core::CubicFlavor::kWheel;
+  r.on_device = opt.pipeline == Pipeline::kDevice ||
+                (opt.pipeline == Pipeline::kAuto && !net.runner->device().is_cpu());
+  return r;
 }
 
-// The file: a path must exist; a card's file is found in the caches or downloaded (which hashes
-// it on the way).
-void obtain(Weights& w, const io::GateOptions& gate, const FetchOptions& fetch) {
-  if (w.given_as_path) {
-    // A directory, FIFO, socket or device is refused by what it is, before anything opens it (a
-    // FIFO would block the hashing of step 4 until a writer came).
-    core::check_regular_file(w.path, "checkpoint");
-    return;
-  }
-  io::Obtained got = io::obtain_file(*w.card, gate, fetch);
-  w.path = std::move(got.path);
-  if (got.sha256) w.sha256 = *got.sha256;
-}
-
-// Its content: a card's file against the card's size and SHA-256. A file no card's name claims is
-// still a card's file when its size and SHA-256 are (a renamed copy), and then its licence is
-// checked here, as soon as it is known. Safetensors carry no checksum of their own, so they are
-// always hashed and held to their first hash; TorchScript records carry CRC-32s, which the
-// archive reader checks.
-void verify(Weights& w, const io::GateOptions& gate) {
-  if (w.card) {
-    if (w.sha256.empty()) w.sha256 = io::verify_weights(*w.card, w.path, gate);
-    return;
-  }
-  if (!fs::is_regular_file(w.path)) return;
-  const io::Identified found =
-      io::identify_by_content(w.path, detect_family(w.path) == core::Family::kSapiens2);
-  w.sha256 = found.sha256;
-  if (found.card) {
-    w.card = found.card;
-    io::check_license(*w.card, gate);
-  }
+void log_auto_choice(const LoadOptions& opt, const c10::Device& device) {
+  if (opt.mode != Mode::kAuto) return;
+  // Kernels only where they run and a card's recorded measurement prefers them. No card records
+  // kernel measurements yet, so auto is portable everywhere for now.
+  const std::string why = core::kernels_unavailable_reason(device);
+  io::log(io::Level::kInfo, "auto mode: portable (" +
+                                (why.empty() ? std::string("the kernels can run here, but no card "
+                                                           "records a measurement that prefers "
+                                                           "them")
+                                             : why) +
+                                ")");
 }
 
 Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const auto t0 = Clock::now();
   if (opt.threads > 0) at::set_num_threads(opt.threads);
-  // Device and dtype first: one that cannot run here (no CUDA, bfloat16 on a CPU without fast
-  // bfloat16 GEMMs) fails before any download, hashing or reading.
+  // 1. Device and dtype: one that cannot run here (no CUDA, bfloat16 on a CPU without fast
+  //    bfloat16 GEMMs) fails before any download, hashing or reading.
   const c10::Device device = core::resolve_device(opt.device);
   const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
-  const io::GateOptions gate{opt.accept_noncommercial, opt.allow_unverified};
-
-  // 1. Resolve the name or path.
-  Weights w = resolve(id_or_path);
-  // 2. Check the licence of the card named: before any byte is downloaded or hashed. (A card
-  //    that only the file's content names is checked in step 4, where it becomes known.)
-  if (w.card) io::check_license(*w.card, gate);
-  // 3. Obtain the file.
-  obtain(w, gate, opt.fetch);
-  // 4. Verify it.
-  verify(w, gate);
-  const std::optional<Card>& card = w.card;
-  const std::string& path = w.path;
-  const std::string& sha256 = w.sha256;
-  const core::Family family = family_of(card, path);
-  if (card) io::show_license_notice(*card);
-
-  // 5. Open the format, 6. build the family's network on a Runner of the asked mode.
-  auto impl = std::make_shared<Model::Impl>();
-  Loaded cfg;
-  if (family == core::Family::kSapiens2) {
-    // The file's bytes, read once into private memory, stay while the network holds views of them
-    // (CPU float32 weights are used in place; other devices and dtypes get one converted copy
-    // each).
-    const auto file = core::SafetensorsFile::open(path);
-    cfg = build_v2(*impl, file, path, card, opt, device, dtype);
-  } else {
-    // Only the original mode runs the TorchScript module; the others read the tensors alone.
-    const auto ckpt = core::open_torchscript(path, /*load_module=*/opt.mode == Mode::kOriginal);
-    cfg = build_v1(*impl, ckpt, path, card, opt, device, dtype);
-  }
-  if (card && cfg.num_classes != card->num_classes) {
+  // 2. The checkpoint, resolved, licensed, obtained, read once and verified (weights.hpp).
+  const io::OpenedCheckpoint ckpt =
+      io::open_checkpoint(id_or_path, {opt.accept_noncommercial, opt.allow_unverified}, opt.fetch);
+  // 3. Its family's network on a Runner of the asked mode (core/v1, core/v2).
+  core::Built net =
+      core::build(ckpt.family, ckpt.bytes, ckpt.path, build_request(opt, ckpt.card, device, dtype));
+  log_auto_choice(opt, device);
+  if (ckpt.card && net.num_classes != ckpt.card->num_classes) {
     throw Error(ErrorCode::kFormatError,
-                path + ": the network has " + std::to_string(cfg.num_classes) +
-                    " classes but its card lists " + std::to_string(card->num_classes));
+                ckpt.path + ": the network has " + std::to_string(net.num_classes) +
+                    " classes but its card lists " + std::to_string(ckpt.card->num_classes));
   }
-
-  impl->input_h = static_cast<int>(cfg.input_h);
-  impl->input_w = static_cast<int>(cfg.input_w);
-  impl->resize = card ? card->resize : std::string(core::traits_of(family).resize);
-  impl->cubic =
-      opt.cubic == CubicResize::kOpenCV ? core::CubicFlavor::kOpenCV : core::CubicFlavor::kWheel;
-  if (opt.cuda_graphs > 0) {
-    impl->runner =
-        core::with_cuda_graphs(std::move(impl->runner), static_cast<std::size_t>(opt.cuda_graphs));
-  }
+  // 4. What the model is, and how images become its input.
+  auto impl = std::make_shared<Model::Impl>();
+  impl->info = describe(ckpt, net);
+  impl->recipe = recipe_for(ckpt, net, opt);
+  impl->runner =
+      opt.cuda_graphs > 0
+          ? core::with_cuda_graphs(std::move(net.runner), static_cast<std::size_t>(opt.cuda_graphs))
+          : std::move(net.runner);
   // Calls run on streams of their own, which do not wait for the default stream that loading
   // may have queued work on.
   if (!device.is_cpu()) {
     c10::impl::getDeviceGuardImpl(device.type())
         ->synchronizeDevice(device.has_index() ? device.index() : 0);
   }
-  impl->device_pipeline = opt.pipeline == Pipeline::kDevice ||
-                          (opt.pipeline == Pipeline::kAuto && !impl->runner->device().is_cpu());
-  const std::optional<Card> labels = card ? card : labels_for(family, cfg.num_classes);
-  if (labels) {
-    impl->classes = labels->classes;
-    impl->palette = labels->palette;
-  } else {
-    for (int64_t k = 0; k < cfg.num_classes; ++k) {
-      impl->classes.push_back("class_" + std::to_string(k));
-      const auto v = static_cast<std::uint8_t>((k * 67) % 256);
-      impl->palette.push_back(
-          {v, static_cast<std::uint8_t>(255 - v), static_cast<std::uint8_t>((k * 151) % 256)});
-    }
-  }
-  // Normalisation: the card's values, else the authors' for the family. Sapiens2 uses the
-  // ImageNet values in its demo and in training alike.
-  const Card* norm = card ? &*card : (labels ? &*labels : nullptr);
-  const std::array<float, 3> mean_train{123.675f, 116.28f, 103.53f};
-  const std::array<float, 3> std_train{58.395f, 57.12f, 57.375f};
-  if (norm) {
-    impl->mean = opt.normalization == Normalization::kDemo ? norm->mean : norm->mean_train;
-    impl->std = opt.normalization == Normalization::kDemo ? norm->std : norm->std_train;
-  } else if (family == core::Family::kSapiens2 || opt.normalization == Normalization::kTraining) {
-    impl->mean = mean_train;
-    impl->std = std_train;
-  } else {
-    impl->mean = {123.5f, 116.5f, 103.5f};  // the Sapiens-Lite demo's rounded values
-    impl->std = {58.5f, 57.0f, 57.5f};
-  }
-
-  ModelInfo& info = impl->info;
-  info.id = card ? card->id : fs::path(path).filename().string();
-  info.family = core::traits_of(family).name;
-  info.path = path;
-  info.sha256 = sha256;
-  info.license = card ? card->license_id : "";
-  info.input_height = impl->input_h;
-  info.input_width = impl->input_w;
-  info.num_classes = static_cast<int>(cfg.num_classes);
-  info.embed_dim = static_cast<int>(cfg.embed_dim);
-  info.depth = static_cast<int>(cfg.depth);
-  info.heads = static_cast<int>(cfg.heads);
-  info.backend = impl->runner->backend();
-  info.classes = impl->classes;
-  info.palette = impl->palette;
+  const ModelInfo& info = impl->info;
   io::log(io::Level::kInfo, "loaded " + info.id + " (" + info.family + ", " + info.backend.mode +
                                 ", " + info.backend.device + ", " + info.backend.dtype + ") in " +
                                 std::to_string(static_cast<int>(ms_since(t0))) + " ms");
   return Model(std::move(impl));
 }
+
 }  // namespace
 
 Model load(const std::string& id_or_path, const LoadOptions& opt) {
@@ -483,168 +325,140 @@ Model load(const std::string& id_or_path, const LoadOptions& opt) {
   }
 }
 
-Result Model::segment(const Input& input, const SegmentOptions& options) const {
-  return std::move(segment(std::span<const Input>(&input, 1), options).front());
-}
+// ---- segmenting: prepare, then run ---------------------------------------------------------
 
 namespace {
 
-std::string describe(const Input& input, std::size_t i) {
-  return input.kind() == Input::Kind::kFile ? input.path()
-                                            : "image " + std::to_string(i) + " of the batch";
+std::string describe(const Input& input) {
+  return input.kind() == Input::Kind::kFile      ? input.path()
+         : input.kind() == Input::Kind::kEncoded ? std::string("encoded image")
+                                                 : std::string("RGB image");
 }
 
-at::Tensor run_network(const core::Runner& runner, const at::Tensor& x, bool on_device) {
-  try {
-    const auto forward = [&] { return on_device ? runner.forward_device(x) : runner.forward(x); };
-    // oneDNN (the CPU's convolutions) cannot build new primitives on a thread where it once ran
-    // out of memory; such a call moves to a fresh thread. CUDA work stays on the caller's stream.
-    return runner.device().is_cpu() ? core::run_clear_of_onednn_failures(forward) : forward();
-  } catch (...) {
-    throw as_error(std::current_exception(),
-                   "inference failed on a batch of " + std::to_string(x.size(0)) + " image(s)");
-  }
+// `what` names the image in messages.
+std::shared_ptr<Prepared::Impl> prepare_unguarded(const Model::Impl& m, const Input& input,
+                                                  const std::string& what) {
+  auto p = std::make_shared<Prepared::Impl>();
+  p->model = &m;
+  // Pixels given by rgb_copy() live in the Input: kept with it. Encoded bytes are not kept.
+  if (input.kind() == Input::Kind::kRgb) p->input = input;
+  const auto t0 = Clock::now();
+  io::LoadedInput loaded = io::load_input(input, what);
+  p->decoded = std::move(loaded.decoded);
+  const cv::Mat& rgb = loaded.rgb;
+  p->view = input.kind() == Input::Kind::kRgb
+                ? input.view()
+                : ImageView{p->decoded.rgb.data(), p->decoded.height, p->decoded.width, 0};
+  if (input.kind() != Input::Kind::kRgb) p->timings.decode = ms_since(t0);
+  const auto t1 = Clock::now();
+  p->prepared =
+      core::prepare({rgb.data, rgb.rows, rgb.cols, 3, rgb.step}, m.recipe, m.runner->device());
+  p->timings.preprocess = ms_since(t1);
+  return p;
 }
 
-// Logits of one image to the host as contiguous float32 [K, h, w], then the CPU upsample +
-// argmax (and the full-size or raw logits when asked for).
-void finish_on_host(Result& r, const at::Tensor& logits, const SegmentOptions& options) {
-  const at::Tensor one = logits.to(at::kCPU, at::kFloat).contiguous();
-  r.labels.resize(static_cast<std::size_t>(r.height) * r.width);
-  if (options.logits) {
-    const auto n = static_cast<std::size_t>(one.size(0)) * r.labels.size();
-    try {
-      r.logits.resize(n);
-    } catch (const std::bad_alloc&) {
-      throw Error(ErrorCode::kOutOfMemory,
-                  "out of memory for the full-size logits of a " + std::to_string(r.width) + "x" +
-                      std::to_string(r.height) + " image (" + std::to_string(one.size(0)) +
-                      " float32 channels, " + std::to_string(n * sizeof(float) >> 20) +
-                      " MiB); labels alone need no logits");
-    }
-  }
-  core::upsample_argmax(one, r.height, r.width, r.labels.data(),
-                        options.logits ? r.logits.data() : nullptr);
-  if (options.raw_logits) {
-    r.raw_height = static_cast<int>(one.size(1));
-    r.raw_width = static_cast<int>(one.size(2));
-    r.raw_logits.assign(one.const_data_ptr<float>(), one.const_data_ptr<float>() + one.numel());
-  }
-}
-
-// The decoded image as a uint8 [h, w, 3] tensor on `device`. For a GPU it goes through pinned
-// (page-locked) staging from LibTorch's caching host allocator and is copied asynchronously, so
-// the upload overlaps the decoding of the next image; the allocator keeps the staging block
-// until the copy has finished.
-at::Tensor upload(const cv::Mat& rgb, const c10::Device& device) {
-  const bool gpu = !device.is_cpu();
-  at::Tensor host =
-      at::empty({rgb.rows, rgb.cols, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(gpu));
-  auto* dst = host.data_ptr<std::uint8_t>();
-  const auto row = static_cast<std::size_t>(rgb.cols) * 3;
-  for (int y = 0; y < rgb.rows; ++y) std::memcpy(dst + y * row, rgb.ptr<std::uint8_t>(y), row);
-  return gpu ? host.to(device, /*non_blocking=*/true) : host;
-}
-
-}  // namespace
-
-namespace {
-
-std::vector<Result> segment_unguarded(const Model::Impl& m, std::span<const Input> batch,
-                                      const SegmentOptions& options) {
-  if (batch.empty()) return {};
-  const auto t_start = Clock::now();
-  const bool on_device = m.device_pipeline;
-  const c10::Device device = m.runner->device();
-  // On a GPU each call queues its work on a stream of its own, so calls from several threads
-  // overlap (one call's upload and resize with another's network).
-  std::optional<c10::StreamGuard> stream;
-  if (on_device && !device.is_cpu()) {
-    stream.emplace(c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device));
-  }
-  std::vector<Result> results(batch.size());
-  std::vector<at::Tensor> inputs;
+std::vector<Result> run_unguarded(const Model::Impl& m, std::span<const Prepared> batch,
+                                  const SegmentOptions& options) {
+  std::vector<const core::PreparedInput*> inputs;
   inputs.reserve(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    auto t0 = Clock::now();
-    io::LoadedInput loaded = io::load_input(batch[i], describe(batch[i], i));
-    const cv::Mat& rgb = loaded.rgb;
-    results[i].warnings = std::move(loaded.decoded.warnings);
-    results[i].timings.decode = ms_since(t0);
-    results[i].height = rgb.rows;
-    results[i].width = rgb.cols;
-    t0 = Clock::now();
-    const core::Interp interp = m.resize == "area_or_cubic"
-                                    ? core::sapiens2_interp(rgb.cols, m.input_w)
-                                    : core::Interp::kLinear;
-    if (!on_device) {
-      cv::Mat resized(m.input_h, m.input_w, CV_8UC3);
-      core::resize_u8({rgb.data, rgb.rows, rgb.cols, 3, rgb.step},
-                      {resized.data, resized.rows, resized.cols, 3, resized.step}, interp, m.cubic);
-      inputs.push_back(core::normalize_rgb(resized.data, resized.rows, resized.cols, resized.step,
-                                           m.mean, m.std));
-    } else {
-      inputs.push_back(core::resize_normalize(upload(rgb, device), m.input_h, m.input_w, m.mean,
-                                              m.std, interp, m.cubic));
+    if (batch[i].empty()) {
+      throw Error(ErrorCode::kInvalidInput,
+                  "image " + std::to_string(i) + " of the batch is an empty Prepared");
     }
-    // On a GPU this is the time to queue the work; the device time shows in `network`.
-    results[i].timings.preprocess = ms_since(t0);
+    const Prepared::Impl& p = batch[i].impl();
+    if (p.model != &m) {
+      throw Error(ErrorCode::kInvalidInput,
+                  "image " + std::to_string(i) +
+                      " of the batch was prepared by another model (its size and normalisation "
+                      "are that model's): prepare it with this one");
+    }
+    inputs.push_back(&p.prepared);
   }
-
-  const auto t_net = Clock::now();
-  const at::Tensor logits = run_network(*m.runner, at::stack(inputs), on_device);
-  inputs.clear();
-  if (stream) stream->current_stream().synchronize();
-  const double net_ms = ms_since(t_net);
-
+  core::BatchOutput out =
+      core::run(*m.runner, m.recipe, inputs, options.logits, options.raw_logits);
+  std::vector<Result> results(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Prepared::Impl& p = batch[i].impl();
+    core::ImageOutput& o = out.images[i];
     Result& r = results[i];
-    const auto t0 = Clock::now();
-    const at::Tensor one = logits[static_cast<int64_t>(i)];
-    if (!on_device || options.logits || options.raw_logits) {
-      finish_on_host(r, one, options);
-    } else {
-      const at::Tensor labels = core::upsample_argmax_labels(one, r.height, r.width);
-      r.labels.resize(static_cast<std::size_t>(r.height) * r.width);
-      if (labels.device().is_cpu()) {
-        at::from_blob(r.labels.data(), {r.height, r.width}, at::kByte).copy_(labels);
-      } else {
-        // Through pinned memory: a direct copy to pageable memory is staged by the driver in
-        // small pieces.
-        at::Tensor staged = at::empty({r.height, r.width},
-                                      at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-        staged.copy_(labels);
-        std::memcpy(r.labels.data(), staged.const_data_ptr<std::uint8_t>(), r.labels.size());
-      }
-    }
-    r.classes = m.classes;
-    r.palette = m.palette;
+    r.height = p.prepared.height;
+    r.width = p.prepared.width;
+    r.labels = std::move(o.labels);
+    r.logits = std::move(o.logits);
+    r.raw_logits = std::move(o.raw_logits);
+    r.raw_height = o.raw_height;
+    r.raw_width = o.raw_width;
+    r.classes = m.info.classes;
+    r.palette = m.info.palette;
     r.backend = m.runner->backend();
-    r.timings.network = net_ms;
-    r.timings.postprocess = ms_since(t0);
+    r.warnings = p.decoded.warnings;
+    Timings& t = r.timings;
+    t.decode = p.timings.decode;
+    t.preprocess = p.timings.preprocess + o.preprocess_ms;
+    t.network = out.network_ms;
+    t.postprocess = o.postprocess_ms;
+    t.total = t.decode + t.preprocess + t.network + t.postprocess;
   }
-  const double total = ms_since(t_start);
-  for (auto& r : results) r.timings.total = total;
   return results;
 }
 
+// A failed batch's error; an out-of-memory one says that a smaller batch needs less (most of a
+// batch's memory grows with its size; the full-size logits of one image do not).
+Error batch_error(std::size_t size) {
+  const Error e =
+      as_error(std::current_exception(), "segmenting " + std::to_string(size) + " image(s)");
+  const std::string what = e.what();
+  if (e.code() != ErrorCode::kOutOfMemory || size == 1 ||
+      what.find("logits") != std::string::npos) {
+    return e;
+  }
+  return Error(e.code(), what + " (a smaller batch needs less memory)");
+}
+
 }  // namespace
+
+Prepared Model::prepare(const Input& input) const {
+  const Impl& m = checked();
+  try {
+    return Prepared(prepare_unguarded(m, input, describe(input)));
+  } catch (...) {
+    throw as_error(std::current_exception(), "preparing " + describe(input));
+  }
+}
+
+std::vector<Result> Model::run(std::span<const Prepared> batch,
+                               const SegmentOptions& options) const {
+  const Impl& m = checked();
+  if (batch.empty()) return {};
+  try {
+    return run_unguarded(m, batch, options);
+  } catch (...) {
+    throw batch_error(batch.size());
+  }
+}
 
 std::vector<Result> Model::segment(std::span<const Input> batch,
                                    const SegmentOptions& options) const {
-  try {
-    return segment_unguarded(*impl_, batch, options);
-  } catch (...) {
-    const Error e = as_error(std::current_exception(),
-                             "segmenting " + std::to_string(batch.size()) + " image(s)");
-    // Most of a batch's memory grows with its size; the full-size logits of one image do not.
-    const std::string what = e.what();
-    if (e.code() != ErrorCode::kOutOfMemory || batch.size() == 1 ||
-        what.find("logits") != std::string::npos) {
-      throw e;
+  const Impl& m = checked();
+  if (batch.empty()) return {};
+  std::vector<Prepared> prepared;
+  prepared.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const std::string what = batch[i].kind() == Input::Kind::kFile
+                                 ? batch[i].path()
+                                 : "image " + std::to_string(i) + " of the batch";
+    try {
+      prepared.emplace_back(prepare_unguarded(m, batch[i], what));
+    } catch (...) {
+      throw as_error(std::current_exception(), "segmenting " + what);
     }
-    throw Error(e.code(), what + " (a smaller batch needs less memory)");
   }
+  return run(prepared, options);
+}
+
+Result Model::segment(const Input& input, const SegmentOptions& options) const {
+  return std::move(segment(std::span<const Input>(&input, 1), options).front());
 }
 
 }  // namespace sapiens_seg

@@ -10,17 +10,30 @@ namespace sapiens_seg::core {
 
 enum class Family { kSapiensV1, kSapiens2 };
 
+// Per-channel RGB mean and standard deviation on the 0-255 scale.
+struct MeanStd {
+  std::array<float, 3> mean, std;
+};
+
 struct FamilyTraits {
   Family family;
   std::string_view name;       // "sapiens-v1": Card::family, ModelInfo::family
   std::string_view format;     // Card::format of its checkpoints
   std::string_view label_set;  // the classes of a bare checkpoint (a card's label_set)
   std::string_view resize;     // the authors' demo resize when no card says (Card::resize)
+  // The normalisation of a checkpoint no card describes (a card's own values come first): the
+  // authors' demo's and the training values. Sapiens v1's demo (Sapiens-Lite) rounds the
+  // training values; Sapiens2's demo uses the training (ImageNet) values.
+  MeanStd demo, training;
 };
 
+inline constexpr MeanStd kImageNet{{123.675f, 116.28f, 103.53f}, {58.395f, 57.12f, 57.375f}};
+
 inline constexpr std::array<FamilyTraits, 2> kFamilies{{
-    {Family::kSapiensV1, "sapiens-v1", "torchscript", "goliath-28", "linear"},
-    {Family::kSapiens2, "sapiens2", "safetensors", "dome-29", "area_or_cubic"},
+    {Family::kSapiensV1, "sapiens-v1", "torchscript", "goliath-28", "linear",
+     MeanStd{{123.5f, 116.5f, 103.5f}, {58.5f, 57.0f, 57.5f}}, kImageNet},
+    {Family::kSapiens2, "sapiens2", "safetensors", "dome-29", "area_or_cubic", kImageNet,
+     kImageNet},
 }};
 
 inline const FamilyTraits& traits_of(Family f) {

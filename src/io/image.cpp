@@ -1,5 +1,6 @@
 #include "image.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -248,6 +249,25 @@ Image decode_image(const std::uint8_t* data, std::size_t size, const std::string
 Image decode_image_file(const std::string& path) {
   const std::vector<std::uint8_t> bytes = read_all(path);
   return decode_image(bytes.data(), bytes.size(), path, kMaxPixels);
+}
+
+ImageInfo image_info(const std::uint8_t* data, std::size_t size, const std::string& what) {
+  if (size == 0) throw Error(ErrorCode::kInvalidInput, what + " is empty (0 bytes)");
+  const ImageHeader header = read_image_header(data, size, what);
+  ImageInfo info;
+  info.format = format_name(header.format);
+  const bool turned = header.orientation >= 5 && header.orientation <= 8;
+  const std::int64_t h = turned ? header.width : header.height;
+  const std::int64_t w = turned ? header.height : header.width;
+  constexpr std::int64_t kMaxSide = std::numeric_limits<int>::max();
+  info.height = static_cast<int>(std::min(h, kMaxSide));
+  info.width = static_cast<int>(std::min(w, kMaxSide));
+  return info;
+}
+
+ImageInfo image_info_file(const std::string& path) {
+  const std::vector<std::uint8_t> bytes = read_all(path);
+  return image_info(bytes.data(), bytes.size(), path);
 }
 
 cv::Mat decode_bytes(const std::uint8_t* data, std::size_t size, const std::string& what,

@@ -35,6 +35,10 @@ constexpr std::int64_t kMaxPixels = 1LL << 28;  // 268 MP: far past any camera, 
 Image decode_image(const std::uint8_t* data, std::size_t size, const std::string& what,
                    std::int64_t max_pixels = kMaxPixels);
 Image decode_image_file(const std::string& path);
+// What the header says (format, size after the EXIF orientation), without decoding a pixel: the
+// checks decode_image makes before decoding, except the size limits.
+ImageInfo image_info(const std::uint8_t* data, std::size_t size, const std::string& what);
+ImageInfo image_info_file(const std::string& path);
 // The same decode as a cv::Mat (tests, fuzzing).
 cv::Mat decode_file(const std::string& path, std::vector<std::string>* warnings = nullptr);
 cv::Mat decode_bytes(const std::vector<std::uint8_t>& bytes, const std::string& what,

@@ -6,9 +6,11 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -153,8 +155,8 @@ struct Stamp {
   bool fresh = false;  // the file's size, inode and mtime are still those recorded
 };
 
-std::optional<Stamp> load_stamp(const std::string& path) {
-  const auto id = file_id(path);
+// The stamp of `path`, judged fresh against `id` (the file as it is, or as it was read).
+std::optional<Stamp> load_stamp(const std::string& path, const std::optional<FileId>& id) {
   std::ifstream in(stamp_path(path));
   if (!id || !in) return std::nullopt;
   try {
@@ -177,8 +179,13 @@ std::optional<Stamp> load_stamp(const std::string& path) {
   return std::nullopt;
 }
 
-void write_stamp(const std::string& path, const std::string& sha, const std::string& card_id) {
-  const auto id = file_id(path);
+std::optional<Stamp> load_stamp(const std::string& path) {
+  return load_stamp(path, file_id(path));
+}
+
+// Records that the file `id` (as it is, or as it was read) at `path` hashes to `sha`.
+void write_stamp(const std::string& path, const std::optional<FileId>& id, const std::string& sha,
+                 const std::string& card_id) {
   if (!id) return;
   const fs::path sp = stamp_path(path);
   std::error_code ec;
@@ -198,6 +205,33 @@ void write_stamp(const std::string& path, const std::string& sha, const std::str
     log(Level::kWarn, std::string("cannot save the verification stamp: ") + e.what());
   }
 }
+
+void write_stamp(const std::string& path, const std::string& sha, const std::string& card_id) {
+  write_stamp(path, file_id(path), sha, card_id);
+}
+
+// The content being verified: the file at a path (hashed by reading it), or the bytes a load read
+// (hashed in memory, so what is verified is exactly what the network is built from).
+struct Content {
+  std::string path;
+  std::optional<FileId> id;  // nullopt: the file is gone
+  std::uint64_t size = 0;
+  std::function<std::string()> hash;
+
+  static Content of_file(const std::string& path) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) throw Error(ErrorCode::kNotFound, "cannot read " + path + ": " + ec.message());
+    return {path, file_id(path), size, [path] { return sha256_file(path); }};
+  }
+  static Content of_bytes(const std::string& path, const core::MappedFile& m) {
+    return {path, FileId{m.size, m.inode, m.mtime_ns}, m.size, [&m] {
+              Sha256 h;
+              if (m.size > 0) h.update(m.data, m.size);
+              return h.hex();
+            }};
+  }
+};
 
 // A progress bar on stderr, redrawn in place; used when the caller gave no callback.
 class ProgressBar {
@@ -272,26 +306,28 @@ void remove_stamp(const std::string& path) {
   fs::remove(stamp_path(path), ec);
 }
 
-std::string verify_weights(const Card& card, const std::string& path, const GateOptions& gate,
+namespace {
+std::string verify_content(const Card& card, const Content& c, const GateOptions& gate,
                            bool rehash) {
   check_verifiable(card, gate);
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw Error(ErrorCode::kNotFound, "cannot read " + path + ": " + ec.message());
-  if (card.size && size != *card.size) {
+  const std::string& path = c.path;
+  if (card.size && c.size != *card.size) {
     throw Error(ErrorCode::kChecksumMismatch,
-                path + " is " + std::to_string(size) + " bytes but '" + card.id + "' is " +
+                path + " is " + std::to_string(c.size) + " bytes but '" + card.id + "' is " +
                     std::to_string(*card.size) + " bytes (incomplete or a different file)");
   }
-  std::optional<std::string> actual = rehash ? std::nullopt : read_stamp(path);
+  std::optional<std::string> actual;
+  if (!rehash) {
+    if (const auto s = load_stamp(path, c.id); s && s->fresh) actual = s->sha256;
+  }
   if (!actual) {
     log(Level::kInfo, "verifying " + path + " (SHA-256)");
-    actual = sha256_file(path);
+    actual = c.hash();
   }
   if (!card.sha256) {
     log(Level::kWarn, "unverified weights for '" + card.id + "': sha256 " + *actual + " (" + path +
                           "); add it to the card to pin this file");
-    write_stamp(path, *actual, card.id);
+    write_stamp(path, c.id, *actual, card.id);
     return *actual;
   }
   if (*actual != *card.sha256) {
@@ -300,8 +336,14 @@ std::string verify_weights(const Card& card, const std::string& path, const Gate
                     *card.sha256 + "\n  actual   sha256 " + *actual +
                     "\n  the file is corrupt or not the one the card describes; it was not used");
   }
-  write_stamp(path, *actual, card.id);
+  write_stamp(path, c.id, *actual, card.id);
   return *actual;
+}
+}  // namespace
+
+std::string verify_weights(const Card& card, const std::string& path, const GateOptions& gate,
+                           bool rehash) {
+  return verify_content(card, Content::of_file(path), gate, rehash);
 }
 
 std::optional<Card> card_for_file_name(const std::string& path) {
@@ -331,29 +373,28 @@ std::string accept_hint(const std::string& path) {
 
 }  // namespace
 
-Identified identify_by_content(const std::string& path, bool always_hash) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw Error(ErrorCode::kNotFound, "cannot read " + path + ": " + ec.message());
-  const std::vector<Card> same_size = cards_of_size(size);
+namespace {
+Identified identify_content(const Content& c, bool always_hash) {
+  const std::string& path = c.path;
+  const std::vector<Card> same_size = cards_of_size(c.size);
   Identified out;
   if (same_size.empty() && !always_hash) return out;  // nothing to match, no hash asked for
 
-  const std::optional<Stamp> stamp = load_stamp(path);
+  const std::optional<Stamp> stamp = load_stamp(path, c.id);
   if (stamp && stamp->fresh) {
     out.sha256 = stamp->sha256;
   } else {
     log(Level::kInfo, "hashing " + path + " (SHA-256)");
-    out.sha256 = sha256_file(path);
+    out.sha256 = c.hash();
   }
-  for (const Card& c : same_size) {
-    if (*c.sha256 == out.sha256) {
-      out.card = c;
+  for (const Card& card : same_size) {
+    if (*card.sha256 == out.sha256) {
+      out.card = card;
       out.by_content = true;
-      if (!stamp || !stamp->fresh || stamp->card != c.id) {
-        log(Level::kInfo, path + " is the file of model '" + c.id +
+      if (!stamp || !stamp->fresh || stamp->card != card.id) {
+        log(Level::kInfo, path + " is the file of model '" + card.id +
                               "' (same size and SHA-256): its card's licence applies");
-        write_stamp(path, out.sha256, c.id);
+        write_stamp(path, c.id, out.sha256, card.id);
       }
       return out;
     }
@@ -377,8 +418,13 @@ Identified identify_by_content(const std::string& path, bool always_hash) {
                           "refused until you accept it with `sapiens-seg models verify " +
                           path + "`");
   }
-  write_stamp(path, out.sha256, "");
+  write_stamp(path, c.id, out.sha256, "");
   return out;
+}
+}  // namespace
+
+Identified identify_by_content(const std::string& path, bool always_hash) {
+  return identify_content(Content::of_file(path), always_hash);
 }
 
 Obtained obtain_file(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
@@ -435,6 +481,102 @@ Obtained obtain_file(const Card& card, const GateOptions& gate, const FetchOptio
 Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
   const Obtained o = obtain_file(card, gate, fetch);
   return {o.path, o.sha256 ? *o.sha256 : verify_weights(card, o.path, gate)};
+}
+
+// ---- loading ---------------------------------------------------------------------------------
+
+namespace {
+
+bool looks_like_path(const std::string& s) {
+  std::error_code ec;
+  if (fs::exists(s, ec) || s.find('/') != std::string::npos) return true;
+  for (const std::string_view ext : {".pt2", ".pt", ".safetensors"}) {
+    if (s.size() > ext.size() && s.compare(s.size() - ext.size(), ext.size(), ext) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A card may be used only when its licence is accepted and its file can be verified; said as
+// soon as the card is known (before anything is downloaded or hashed for a named card).
+void admit(const Card& card, const GateOptions& gate) {
+  check_license(card, gate);
+  check_verifiable(card, gate);
+}
+
+// The family of a card, or of a file no card claims by what its bytes are: a zip archive is a
+// Sapiens v1 TorchScript export; anything else is read as safetensors (Sapiens2), whose reader
+// reports a file that is neither.
+core::Family family_of(const std::optional<Card>& card, const std::string& path,
+                       const core::MappedFile& bytes) {
+  if (card) {
+    const core::FamilyTraits* t = core::family_named(card->family);
+    if (t == nullptr) {
+      throw Error(ErrorCode::kFormatError, "card " + card->id + ": unknown family " + card->family);
+    }
+    return t->family;
+  }
+  if (bytes.size >= 4 && std::memcmp(bytes.data, "PK\x03\x04", 4) == 0) {
+    return core::Family::kSapiensV1;
+  }
+  const std::string ext = fs::path(path).extension().string();
+  // A .pt2 that is no zip archive: the TorchScript reader says what is wrong with it.
+  if (ext == ".pt2" || ext == ".pt") return core::Family::kSapiensV1;
+  return core::Family::kSapiens2;
+}
+
+}  // namespace
+
+OpenedCheckpoint open_checkpoint(const std::string& id_or_path, const GateOptions& gate,
+                                 const FetchOptions& fetch) {
+  OpenedCheckpoint out;
+  // 1. The name: a card id ("@revision" allowed), or a file, which a card claims when the file
+  //    bears its file name. Nothing is read yet.
+  const bool given_as_path = looks_like_path(id_or_path);
+  if (given_as_path) {
+    out.path = id_or_path;
+    out.card = card_for_file_name(out.path);
+  } else {
+    out.card = find_card(id_or_path);
+  }
+  if (out.card) admit(*out.card, gate);
+
+  // 2. The file: a path must be a regular file (a FIFO would block the read, a folder is not a
+  //    checkpoint); a card's file is found in the caches or downloaded (hashed on the way).
+  std::optional<std::string> downloaded_sha;
+  if (given_as_path) {
+    core::check_regular_file(out.path, "checkpoint");
+  } else {
+    Obtained got = obtain_file(*out.card, gate, fetch);
+    out.path = std::move(got.path);
+    downloaded_sha = std::move(got.sha256);
+  }
+
+  // 3. Read once: everything after this works on these bytes, never on the file again.
+  out.bytes = core::map_file(out.path, "checkpoint");
+
+  // 4. Verify what was read: a card's file against the card (its stamp when the stamp fits the
+  //    file that was read, else a hash of the bytes). A file no card's name claims is still a
+  //    card's file when its size and hash are (a renamed copy), and its licence is checked now.
+  //    Safetensors carry no checksum of their own, so a bare one is always hashed and held to its
+  //    first hash; TorchScript records carry CRC-32s, which the archive reader checks.
+  const Content content = Content::of_bytes(out.path, out.bytes);
+  if (out.card) {
+    out.sha256 = downloaded_sha ? *downloaded_sha : verify_content(*out.card, content, gate, false);
+  } else {
+    const bool bare_safetensors =
+        family_of(std::nullopt, out.path, out.bytes) == core::Family::kSapiens2;
+    const Identified found = identify_content(content, bare_safetensors);
+    out.sha256 = found.sha256;
+    if (found.card) {
+      out.card = found.card;
+      admit(*out.card, gate);
+    }
+  }
+  out.family = family_of(out.card, out.path, out.bytes);
+  if (out.card) show_license_notice(*out.card);
+  return out;
 }
 
 }  // namespace sapiens_seg::io

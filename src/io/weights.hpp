@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "../core/checkpoint/mapped_file.hpp"
+#include "../core/families.hpp"
 #include "sapiens_seg/cards.hpp"
 #include "sapiens_seg/weights.hpp"
 
@@ -76,5 +78,25 @@ struct Verified {
   std::string path, sha256;
 };
 Verified obtain_weights(const Card& card, const GateOptions& gate, const FetchOptions& fetch);
+
+// Everything a load needs of the weight store, in one call, each step once: the name resolved (a
+// card id, or a path that a card claims by its file name), the card's licence checked before
+// anything is downloaded or hashed, the file found or downloaded, read ONCE into private memory,
+// and those bytes verified (the stamp when it fits the file that was read, else their hash; a
+// file no card names is recognised by its content, whose card's licence is then checked). The
+// family is the card's, or for a file of no card what its bytes are. The licence notice of the
+// card is shown (once per machine). Throws the store's errors (kNotFound, kOffline,
+// kDownloadFailed, kLicenseNotAccepted, kChecksumMismatch, kIo, kInvalidInput for a path that is
+// no regular file, kOutOfMemory).
+struct OpenedCheckpoint {
+  std::optional<Card> card;  // named, claimed by the file's name, or recognised by content
+  std::string path;          // the file that was read
+  std::string sha256;        // of the bytes read; "" when nothing asked for a hash (a bare
+                             // TorchScript archive the size of no card's file)
+  core::Family family = core::Family::kSapiensV1;
+  core::MappedFile bytes;  // the whole file: what the network is built from
+};
+OpenedCheckpoint open_checkpoint(const std::string& id_or_path, const GateOptions& gate,
+                                 const FetchOptions& fetch);
 
 }  // namespace sapiens_seg::io

@@ -123,6 +123,9 @@ MappedFile map_file(const std::string& path, const std::string& what) {
   if (!S_ISREG(st.st_mode)) refuse(path, what, st.st_mode);
   MappedFile m;
   m.size = static_cast<std::size_t>(st.st_size);
+  m.device = static_cast<std::uint64_t>(st.st_dev);
+  m.inode = static_cast<std::uint64_t>(st.st_ino);
+  m.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
   if (m.size == 0) return m;  // mmap refuses length 0
   const std::size_t size = m.size;
   // Anonymous memory filled by pread(), not a mapping of the file: even the private pages of a

@@ -13,6 +13,11 @@ struct MappedFile {
   std::shared_ptr<const void> owner;  // frees the memory when the last holder lets go
   const std::uint8_t* data = nullptr;
   std::size_t size = 0;
+  // The file these bytes are, as fstat() gave it on the descriptor that was read (and unchanged
+  // to the end of the read): a verification stamp is held against this, not against a later
+  // stat() of the path, so a file replaced between the stamp check and the read cannot pass.
+  std::uint64_t device = 0, inode = 0;
+  std::int64_t mtime_ns = 0;
 };
 
 // Throws unless `path` names a regular file (symbolic links followed), without opening it: a FIFO

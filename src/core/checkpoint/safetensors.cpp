@@ -46,16 +46,19 @@ at::ScalarType to_scalar_type(SafetensorsDtype dtype) noexcept {
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  MappedFile m = map_file(path, "safetensors file");
+  return from_mapped(map_file(path, "safetensors file"), path);
+}
+
+SafetensorsFile SafetensorsFile::from_mapped(MappedFile m, std::string source) {
   if (m.size < 8) {
     // Too short for the header length; the header parser gives the usual message and reads none
     // of these bytes.
     const std::uint8_t none[8] = {};
-    parse_safetensors_header(none, m.size, path);
+    parse_safetensors_header(none, m.size, source);
   }
   SafetensorsFile f;
   f.owner_ = std::move(m.owner);  // every view holds the bytes
-  f.source_ = path;
+  f.source_ = std::move(source);
   f.base_ = m.data;
   f.size_ = m.size;
   f.header_ = parse_safetensors_header(f.base_, f.size_, f.source_);

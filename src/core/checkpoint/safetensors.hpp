@@ -14,6 +14,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include "mapped_file.hpp"
 #include "safetensors_header.hpp"
 #include "tensor_map.hpp"
 
@@ -28,6 +29,8 @@ class SafetensorsFile {
   // or changes while it is read, and Error(kFormatError) naming the file (and the tensor) when
   // it is malformed.
   static SafetensorsFile open(const std::string& path);
+  // The same over a file already read (map_file); `source` names it in messages.
+  static SafetensorsFile from_mapped(MappedFile file, std::string source);
   // The same over bytes already in memory (tests, fuzzing, downloads); `source` names them in
   // messages. The tensors keep `bytes` alive.
   static SafetensorsFile from_buffer(std::shared_ptr<const std::vector<std::uint8_t>> bytes,

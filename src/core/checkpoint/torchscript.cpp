@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <vector>
 
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/script.h>
 
@@ -17,24 +16,14 @@
 namespace sapiens_seg::core {
 namespace {
 
-namespace fs = std::filesystem;
-
 constexpr const char* kFirstAttention = "backbone.layers.0.attn";
 
 // A TorchScript archive is a zip file. Looking at its first and last bytes lets us tell "not an
 // archive at all" from "an archive cut short" (an interrupted copy), which LibTorch reports with
 // the same generic message.
-void check_zip_container(const std::string& path) {
-  // A FIFO would block the read below until a writer came.
-  check_regular_file(path, "checkpoint");
-  std::error_code ec;
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw Error(ErrorCode::kIo, "cannot open checkpoint " + path + ": " + std::strerror(errno));
-  const auto size = static_cast<std::uint64_t>(fs::file_size(path, ec));
-  std::array<char, 4> head{};
-  in.read(head.data(), head.size());
-  if (size < 22 || std::memcmp(head.data(), "PK\x03\x04", 4) != 0) {
+void check_zip_container(const MappedFile& file, const std::string& path) {
+  const std::uint64_t size = file.size;
+  if (size < 22 || std::memcmp(file.data, "PK\x03\x04", 4) != 0) {
     throw Error(ErrorCode::kFormatError,
                 "not a TorchScript archive (no zip signature at the start): " + path +
                     ". Sapiens v1 *_torchscript.pt2 files are zip archives; was the right file "
@@ -43,12 +32,10 @@ void check_zip_container(const std::string& path) {
   // The end-of-central-directory record sits in the last 22 bytes plus an optional comment of
   // at most 64 KiB.
   const std::uint64_t tail = std::min<std::uint64_t>(size, 22 + 65535);
-  std::vector<char> buf(tail);
-  in.seekg(static_cast<std::streamoff>(size - tail));
-  in.read(buf.data(), static_cast<std::streamsize>(tail));
+  const std::uint8_t* buf = file.data + (size - tail);
   bool found = false;
-  for (std::size_t i = buf.size() - 22 + 1; i-- > 0;) {
-    if (std::memcmp(buf.data() + i, "PK\x05\x06", 4) == 0) {
+  for (std::size_t i = tail - 22 + 1; i-- > 0;) {
+    if (std::memcmp(buf + i, "PK\x05\x06", 4) == 0) {
       found = true;
       break;
     }
@@ -63,6 +50,24 @@ void check_zip_container(const std::string& path) {
                     path);
   }
 }
+
+// LibTorch's TorchScript loader reading the bytes already in memory, so the original mode does
+// not open the file a second time (it could have changed since it was verified). Reads past the
+// end return what is there, as a file would.
+class MemoryAdapter final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit MemoryAdapter(MappedFile file) : file_(std::move(file)) {}
+  size_t size() const override { return file_.size; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= file_.size) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, file_.size - pos));
+    std::memcpy(buf, file_.data + pos, n);
+    return n;
+  }
+
+ private:
+  MappedFile file_;
+};
 
 std::optional<int> heads_from_attention_graph(const torch::jit::Module& attn) {
   auto method = attn.find_method("forward");
@@ -84,16 +89,22 @@ std::optional<int> heads_from_attention_graph(const torch::jit::Module& attn) {
 }  // namespace
 
 TorchScriptCheckpoint open_torchscript(const std::string& path, bool load_module) {
-  check_zip_container(path);
+  return open_torchscript(map_file(path, "checkpoint"), path, load_module);
+}
+
+TorchScriptCheckpoint open_torchscript(const MappedFile& file, const std::string& path,
+                                       bool load_module) {
+  check_zip_container(file, path);
   TorchScriptCheckpoint ckpt;
   ckpt.path = path;
-  const TorchScriptArchive archive = TorchScriptArchive::open(path);
+  const TorchScriptArchive archive = TorchScriptArchive::from_mapped(file, path);
   ckpt.tensors = archive.all();
   ckpt.heads_from_graph = archive.attention_heads(kFirstAttention);
   if (!load_module) return ckpt;
 
   try {
-    ckpt.module = std::make_shared<torch::jit::Module>(torch::jit::load(path, at::kCPU));
+    ckpt.module = std::make_shared<torch::jit::Module>(
+        torch::jit::load(std::make_shared<MemoryAdapter>(file), at::kCPU));
   } catch (const c10::Error& e) {
     std::string why = e.what_without_backtrace();
     why = why.substr(0, why.find('\n'));

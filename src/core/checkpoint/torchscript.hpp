@@ -9,6 +9,7 @@
 
 #include <ATen/Tensor.h>
 
+#include "mapped_file.hpp"
 #include "tensor_map.hpp"
 
 namespace torch::jit {
@@ -35,5 +36,9 @@ struct TorchScriptCheckpoint {
 // module with LibTorch (seconds for a large file), which only the original mode needs. Throws
 // Error(kNotFound / kFormatError / kIo).
 TorchScriptCheckpoint open_torchscript(const std::string& path, bool load_module = false);
+// The same over a file already read whole (map_file): nothing opens the file again, and the
+// tensors are views of `file`'s memory. `path` names it in messages.
+TorchScriptCheckpoint open_torchscript(const MappedFile& file, const std::string& path,
+                                       bool load_module = false);
 
 }  // namespace sapiens_seg::core

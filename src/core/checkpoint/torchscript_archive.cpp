@@ -72,11 +72,15 @@ at::ScalarType to_scalar_type(ArchiveDtype dtype) noexcept {
 
 TorchScriptArchive TorchScriptArchive::open(const std::string& path,
                                             const ArchiveOptions& options) {
-  MappedFile m = map_file(path, "checkpoint");
-  if (m.size < 22) malformed(path, "the file is only " + std::to_string(m.size) + " bytes");
+  return from_mapped(map_file(path, "checkpoint"), path, options);
+}
+
+TorchScriptArchive TorchScriptArchive::from_mapped(MappedFile m, std::string source,
+                                                   const ArchiveOptions& options) {
+  if (m.size < 22) malformed(source, "the file is only " + std::to_string(m.size) + " bytes");
   TorchScriptArchive a;
   a.owner_ = std::move(m.owner);  // every tensor view holds the bytes
-  a.source_ = path;
+  a.source_ = std::move(source);
   a.base_ = m.data;
   a.size_ = m.size;
   a.layout_ = parse_torchscript_archive(a.base_, a.size_, a.source_);

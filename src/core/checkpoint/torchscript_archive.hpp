@@ -17,6 +17,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include "mapped_file.hpp"
 #include "tensor_map.hpp"
 #include "torchscript_format.hpp"
 
@@ -39,6 +40,9 @@ class TorchScriptArchive {
   // file (and the record or tensor) for anything malformed, and Error(kChecksumMismatch) naming
   // the record when one fails its CRC-32.
   static TorchScriptArchive open(const std::string& path, const ArchiveOptions& options = {});
+  // The same over a file already read (map_file); `source` names it in messages.
+  static TorchScriptArchive from_mapped(MappedFile file, std::string source,
+                                        const ArchiveOptions& options = {});
   // The same over bytes in memory (tests); `source` names them in messages.
   static TorchScriptArchive from_buffer(std::shared_ptr<const std::vector<std::uint8_t>> bytes,
                                         std::string source = "<buffer>",
