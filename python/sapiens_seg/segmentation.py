@@ -50,24 +50,70 @@ from .errors import DecodeWarning, InvalidInputError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Backend", "DownloadProgress", "Model", "ModelInfo", "Result", "download", "load",
-           "read_image", "resize"]
+__all__ = ["Backend", "DownloadProgress", "Model", "ModelInfo", "OPTION_SPECS", "Prepared",
+           "Result", "download", "load", "option_default", "read_image", "resize"]
 
 # The option names are the library's (sapiens_seg/names.hpp), as the CLI takes them. A dtype
 # given as None is the library's "default".
 _OPTION_NAMES = _core.option_names()
 _MODES = tuple(_OPTION_NAMES["mode"])
 _DTYPES = tuple(n for n in _OPTION_NAMES["dtype"] if n != "default")
-_NORMALIZATIONS = tuple(_OPTION_NAMES["normalization"])
-_PIPELINES = tuple(_OPTION_NAMES["pipeline"])
 _INTERPOLATIONS = ("linear", "area", "cubic")
 _CUBICS = tuple(_OPTION_NAMES["cubic"])
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
-DEFAULT_BATCH_SIZE = 4
-"""Images per network call for a list, unless ``load(batch_size=)`` or the call says otherwise:
-small enough that a batch of full-size Sapiens inputs fits beside the weights, large enough
-that a GPU is kept busy."""
+# Every option of the library, by its table (sapiens_seg/names.hpp option_specs): load()'s and
+# Model.__call__'s keyword arguments are made from these rows, so an option added to the C++
+# table is a keyword here with the same name and default, as it is a flag of the CLI.
+OPTION_SPECS: tuple[dict[str, Any], ...] = tuple(_core.option_specs())
+_SPEC = {s["name"]: s for s in OPTION_SPECS}
+_LOAD_OPTIONS = tuple(s["name"] for s in OPTION_SPECS if s["group"] == "load")
+_SEGMENT_OPTIONS = tuple(s["name"] for s in OPTION_SPECS if s["group"] == "segment")
+_RUN_OPTIONS = tuple(s["name"] for s in OPTION_SPECS if s["group"] == "run")
+
+
+def option_default(name: str) -> Any:
+    """The library's default of an option, as a Python value (bool, int or str)."""
+    spec = _SPEC[name]
+    text = spec["default"]
+    if spec["type"] == "bool":
+        return text == "true"
+    if spec["type"] == "int":
+        return int(text)
+    return text
+
+
+DEFAULT_BATCH_SIZE: int = option_default("batch_size")
+"""Images per network call for a list, unless ``load(batch_size=)`` or the call says otherwise
+(the library's RunOptions default, the same in the CLI, the Ray driver and the server)."""
+
+
+def _option_text(name: str, value: Any) -> str:
+    """An option's Python value checked against the library's table and written as its text."""
+    spec = _SPEC[name]
+    kind = spec["type"]
+    if kind == "bool":
+        return "true" if _check_bool(value, name) else "false"
+    if kind == "int":
+        v = _check_int(value, name, minimum=spec["min"])
+        if v > spec["max"]:
+            raise ValueError(f"{name}: must be at most {spec['max']}, got {v}")
+        return str(v)
+    if kind == "choice":
+        return _check_choice(value, name, spec["choices"])
+    if name == "device":
+        return _device_arg(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    return value
+
+
+def _options_text(values: dict[str, Any], names: Sequence[str], where: str) -> dict[str, str]:
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise TypeError(f"{where}: unexpected keyword argument(s) {', '.join(unknown)} (options: "
+                        f"{', '.join(names)})")
+    return {k: _option_text(k, v) for k, v in values.items()}
 
 
 class Backend(NamedTuple):
@@ -117,13 +163,16 @@ class Result:
             ``labels.copy()`` to modify it.
         logits: numpy float32 ``[C, H, W]`` when the model was loaded (or called) with
             ``logits=True``, else ``None``. Read-only, no copy.
+        raw_logits: numpy float32 ``[C, h, w]``, the network's own output before any resize,
+            with ``raw_logits=True``, else ``None``.
         foreground: numpy bool ``[H, W]``, ``labels > 0`` (what the authors' demo saves as
             ``<name>.npy``).
         classes: the class names; ``classes[0]`` is the background.
         palette: numpy uint8 ``[C, 3]``, the RGB colour of each class.
         backend: the :class:`Backend` that ran the network.
-        timings: milliseconds per stage: ``decode``, ``preprocess``, ``network``,
-            ``postprocess`` and ``total`` (a batch shares its network time).
+        timings: milliseconds per stage, as the C++ ``Timings`` defines them for every caller:
+            ``decode``, ``preprocess``, ``network`` (the whole batch's network call),
+            ``postprocess`` and ``total`` (their sum).
         warnings: what the image decoder warned about for a file or bytes it still decoded, as
             cv2.imread decodes them (e.g. ``"libjpeg: Corrupt JPEG data: bad Huffman code"``);
             also logged. Empty for a clean file and for pixels.
@@ -135,8 +184,8 @@ class Result:
         cv2.imwrite("overlay.png", r.overlay(opacity=0.6)[:, :, ::-1])   # RGB -> BGR
     """
 
-    __slots__ = ("_native", "_image", "_labels", "_logits", "_classes", "_palette", "_backend",
-                 "_timings", "_foreground", "_warnings")
+    __slots__ = ("_native", "_image", "_labels", "_logits", "_raw_logits", "_classes", "_palette",
+                 "_backend", "_timings", "_foreground", "_warnings")
 
     def __init__(self, native: _core.NativeResult, image: np.ndarray | None) -> None:
         # Not meant to be built by users: Model.__call__ makes them.
@@ -144,6 +193,7 @@ class Result:
         self._image = image  # the caller's array when the input was pixels, else None
         self._labels: np.ndarray = native.labels
         self._logits: np.ndarray | None = native.logits
+        self._raw_logits: np.ndarray | None = native.raw_logits
         self._classes: list[str] = native.classes
         self._palette: np.ndarray = native.palette
         self._palette.setflags(write=False)
@@ -159,6 +209,10 @@ class Result:
     @property
     def logits(self) -> np.ndarray | None:
         return self._logits
+
+    @property
+    def raw_logits(self) -> np.ndarray | None:
+        return self._raw_logits
 
     @property
     def foreground(self) -> np.ndarray:
@@ -237,13 +291,13 @@ class Model:
         rs = model(paths, batch_size=16)           # 16 images per network call
     """
 
-    __slots__ = ("_native", "_logits", "_batch_size", "_info")
+    __slots__ = ("_native", "_segment", "_batch_size", "_info")
 
-    def __init__(self, native: _core.Model, logits: bool,
+    def __init__(self, native: _core.Model, segment_options: dict[str, str],
                  batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         # Use segmentation.load() to make one.
         self._native = native
-        self._logits = logits
+        self._segment = segment_options
         self._batch_size = batch_size
         i = native.info
         self._info = ModelInfo(
@@ -270,14 +324,14 @@ class Model:
 
     @overload
     def __call__(self, x: list[Any] | tuple[Any, ...], *, logits: bool | None = None,
-                 batch_size: int | None = None) -> list[Result]: ...
+                 batch_size: int | None = None, **options: Any) -> list[Result]: ...
 
     @overload
     def __call__(self, x: Any, *, logits: bool | None = None,
-                 batch_size: int | None = None) -> Result: ...
+                 batch_size: int | None = None, **options: Any) -> Result: ...
 
-    def __call__(self, x: Any, *, logits: bool | None = None,
-                 batch_size: int | None = None) -> Result | list[Result]:
+    def __call__(self, x: Any, *, logits: bool | None = None, batch_size: int | None = None,
+                 **options: Any) -> Result | list[Result]:
         """Segments one image (returns a :class:`Result`) or a list of images (returns a list in
         the same order).
 
@@ -285,18 +339,22 @@ class Model:
         ``load(batch_size=)``, 4 unless set), so memory stays flat for a list of any length:
         only one batch's images are decoded and on the network at a time (the results, with
         their labels and the decoded pixels ``Result.overlay`` needs, are kept). Results do not
-        depend on the batch size. ``logits`` overrides the model's ``logits=`` setting for this
-        call.
+        depend on the batch size. ``logits`` (and the other segment options, e.g.
+        ``raw_logits``) override the model's ``load()`` settings for this call.
 
         Raises :class:`~sapiens_seg.InvalidInputError` (also a ``ValueError``) for an image that
-        cannot be segmented, :class:`~sapiens_seg.WeightsNotFoundError` for a missing file,
+        cannot be segmented (in a list, the message starts with the item, ``x[3]: ...``),
+        :class:`~sapiens_seg.WeightsNotFoundError` for a missing file,
         :class:`~sapiens_seg.OutOfMemoryError` (also a ``MemoryError``) when a batch does not
         fit in memory, and ``TypeError`` for an unsupported kind of object. An error in a list
         stops the call (no partial list is returned).
         """
-        want_logits = self._logits if logits is None else _check_bool(logits, "logits")
-        size = self._batch_size if batch_size is None else _check_int(batch_size, "batch_size",
-                                                                      minimum=1)
+        seg = dict(self._segment)
+        if logits is not None:
+            options["logits"] = logits
+        seg.update(_options_text(options, _SEGMENT_OPTIONS, "Model.__call__"))
+        size = self._batch_size if batch_size is None else int(
+            _option_text("batch_size", batch_size))
         if isinstance(x, (list, tuple)):
             items = [_to_item(v, f"x[{i}]") for i, v in enumerate(x)]
             if not items:
@@ -306,20 +364,93 @@ class Model:
         results: list[Result] = []
         for start in range(0, len(items), size):
             chunk = items[start:start + size]
-            natives = self._native.segment([item for item, _ in chunk], want_logits)
+            try:
+                natives = self._native.segment([item for item, _ in chunk], seg)
+            except Exception as e:
+                # The native layer numbers items within its chunk: renumber them in the list.
+                if start and len(items) > 1:
+                    _renumber(e, start)
+                raise
             results.extend(Result(n, image) for n, (_, image) in zip(natives, chunk))
         return results if isinstance(x, (list, tuple)) else results[0]
+
+    def prepare(self, x: Any) -> Prepared:
+        """The first half of a call, for one image: decoded, resized and normalised for this
+        model (the library's ``Model::prepare``; the GIL is released). Hand a list of them to
+        :meth:`run` as one network batch: a server or a data pipeline prepares images where
+        they arrive (many threads) and batches them in one place.
+
+        Example::
+
+            ready = [model.prepare(p) for p in paths]   # e.g. on a thread pool
+            results = model.run(ready)                  # one network call
+        """
+        item, image = _to_item(x, "x")
+        return Prepared(self._native.prepare(item), image)
+
+    def run(self, prepared: Sequence[Prepared], **options: Any) -> list[Result]:
+        """The second half: the prepared images of this model as one network batch (the
+        library's ``Model::run``; the GIL is released). Results equal those of calling the
+        model on the same images, whatever the batch holds. ``options``: the segment options
+        (``logits``, ``raw_logits``) for this call."""
+        seg = dict(self._segment)
+        seg.update(_options_text(options, _SEGMENT_OPTIONS, "Model.run"))
+        items = list(prepared)
+        for i, p in enumerate(items):
+            if not isinstance(p, Prepared):
+                raise TypeError(f"prepared[{i}]: expected a Prepared (Model.prepare), got "
+                                f"{type(p).__name__}")
+        natives = self._native.run([p._native for p in items], seg)
+        return [Result(n, p._image) for n, p in zip(natives, items)]
 
     def __repr__(self) -> str:
         return f"Model({self._info.id!r}, backend={self._info.backend})"
 
 
+class Prepared:
+    """One image decoded, resized and normalised for a model (:meth:`Model.prepare`), waiting
+    for :meth:`Model.run`. Holds the decoded pixels and the network input (about 9 MB at
+    1024x768)."""
+
+    __slots__ = ("_native", "_image")
+
+    def __init__(self, native: _core.Prepared, image: np.ndarray | None) -> None:
+        self._native = native
+        self._image = image  # the caller's array when the input was pixels
+
+    @property
+    def height(self) -> int:
+        return int(self._native.height)
+
+    @property
+    def width(self) -> int:
+        return int(self._native.width)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """``decode`` and ``preprocess`` so far, in milliseconds (see :class:`Result`)."""
+        return dict(self._native.timings)
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._native.warnings)
+
+    def __repr__(self) -> str:
+        return f"Prepared({self.width}x{self.height})"
+
+
+def _renumber(e: BaseException, offset: int) -> None:
+    """Rewrites the leading ``x[i]:`` of a native error to the item's index in the whole list."""
+    if not e.args or not isinstance(e.args[0], str):
+        return
+    m = re.match(r"x\[(\d+)\]: ", e.args[0])
+    if m:
+        e.args = (f"x[{int(m.group(1)) + offset}]: " + e.args[0][m.end():],) + e.args[1:]
+
+
 def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any = None,
-         dtype: Any = None, logits: bool = False, *, normalization: str = "demo",
-         accept_noncommercial: bool = False, allow_unverified: bool = False, threads: int = 0,
-         input_size: tuple[int, int] | None = None, pipeline: str = "auto",
-         cubic: str = "wheel", progress: ProgressArg = None,
-         batch_size: int = DEFAULT_BATCH_SIZE) -> Model:
+         dtype: Any = None, logits: bool = False, *, input_size: tuple[int, int] | None = None,
+         progress: ProgressArg = None, **options: Any) -> Model:
     """Loads a Sapiens segmentation model.
 
     Args:
@@ -341,29 +472,13 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
             ``"bfloat16"`` or the matching ``torch.dtype``.
         logits: also return ``Result.logits`` (``[C, H, W]`` float32; large: 28 x 12 MP is
             1.3 GB).
-        normalization: ``"demo"`` (the authors' demo values, what users compare against) or
-            ``"training"`` (they differ for Sapiens v1 only).
-        accept_noncommercial: accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights
-            (required for them, or ``SAPIENS_SEG_NONCOMMERCIAL=1``).
-        allow_unverified: load weights whose card has no pinned SHA-256.
-        threads: LibTorch intra-op CPU threads, process-wide (0: one per core).
-        input_size: network input (height, width) instead of the checkpoint's.
-        pipeline: where the work around the network runs: ``"host"`` (OpenCV resize and
-            normalisation, logits back to the host for the upsample + argmax, as the authors'
-            demo), ``"device"`` (the image is uploaded as uint8, resized, normalised, upsampled
-            and reduced to labels where the network runs; the resize reproduces OpenCV's bytes)
-            or ``"auto"`` (device on CUDA, host on the CPU).
-        cubic: whose ``INTER_CUBIC`` bytes the Sapiens2 resize reproduces when it enlarges an
-            image: ``"wheel"`` (the x86-64 opencv-python wheel with its defaults, i.e. Intel
-            IPP's cubic, as the authors' users run it) or ``"opencv"`` (OpenCV's own code:
-            ``cv2.setUseOptimized(False)``, or an OpenCV built without IPP such as Debian's).
-            See :func:`resize`.
+        input_size: shorthand for ``input_height`` and ``input_width``: the network input
+            ``(height, width)`` instead of the checkpoint's.
         progress: what a download of missing weights shows (see :func:`download`): ``None``
             a bar on a terminal or in a notebook, ``True`` always a bar, ``False`` none, or a
             callable given :class:`DownloadProgress` tuples (returning ``False`` cancels).
-        batch_size: images per network call when the model is called on a list (default 4;
-            ``model(x, batch_size=N)`` overrides it for one call). Memory grows with it, speed
-            a little on a GPU; results do not change.
+        **options: every other option of the library by its name (the CLI's flags, with
+            underscores), listed below with its default; :data:`OPTION_SPECS` has the table.
 
     Returns:
         A :class:`Model`; the GIL is released while it loads.
@@ -378,7 +493,7 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
     Example::
 
         model = segmentation.load("build/fixtures/tiny_b_torchscript.pt2", mode="portable",
-                                  device="cpu")
+                                  device="cpu", threads=2, batch_size=8)
         model("examples/astronaut.jpg").backend
         # Backend(mode='portable', device='cpu', dtype='float32')
     """
@@ -391,32 +506,46 @@ def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any =
                         f"{type(name_or_path).__name__}")
     if not name_or_path:
         raise ValueError("name_or_path: is empty")
-    mode = _check_choice(mode, "mode", _MODES)
-    device_s = _device_arg(device)
-    dtype_s = _dtype_arg(dtype)
-    logits = _check_bool(logits, "logits")
-    normalization = _check_choice(normalization, "normalization", _NORMALIZATIONS)
-    accept_noncommercial = _check_bool(accept_noncommercial, "accept_noncommercial")
-    allow_unverified = _check_bool(allow_unverified, "allow_unverified")
-    threads = _check_int(threads, "threads", minimum=0)
-    pipeline = _check_choice(pipeline, "pipeline", _PIPELINES)
-    cubic = _check_choice(cubic, "cubic", _CUBICS)
-    batch_size = _check_int(batch_size, "batch_size", minimum=1)
-    in_h = in_w = 0
     if input_size is not None:
         if not isinstance(input_size, (tuple, list)) or len(input_size) != 2:
             raise TypeError("input_size: expected None or a (height, width) pair")
-        in_h = _check_int(input_size[0], "input_size", minimum=1)
-        in_w = _check_int(input_size[1], "input_size", minimum=1)
+        if "input_height" in options or "input_width" in options:
+            raise TypeError("input_size: give it or input_height/input_width, not both")
+        options["input_height"], options["input_width"] = input_size
+        for k in ("input_height", "input_width"):
+            _check_int(options[k], "input_size", minimum=1)
+    options.update(mode=mode, device=device, dtype=_dtype_arg(dtype), logits=logits)
+    unknown = sorted(set(options) - set(_SPEC))
+    if unknown:
+        raise TypeError(f"load: unexpected keyword argument(s) {', '.join(unknown)} (options: "
+                        f"{', '.join(_SPEC)}, input_size, progress)")
+
+    def group(names: Sequence[str]) -> dict[str, str]:
+        return _options_text({k: v for k, v in options.items() if k in names}, names, "load")
+
+    load_opts, seg_opts, run_opts = group(_LOAD_OPTIONS), group(_SEGMENT_OPTIONS), group(
+        _RUN_OPTIONS)
+    batch_size = int(run_opts.get("batch_size", DEFAULT_BATCH_SIZE))
     reporter = make_reporter(progress)
     try:
-        native = _core.load(os.fsencode(name_or_path), mode, device_s, dtype_s, normalization,
-                            accept_noncommercial, allow_unverified, threads, in_h, in_w,
-                            pipeline, cubic, reporter)
+        native = _core.load(os.fsencode(name_or_path), load_opts, reporter)
     finally:
         if reporter is not None:
             reporter.close()
-    return Model(native, logits, batch_size)
+    return Model(native, seg_opts, batch_size)
+
+
+def _options_doc() -> str:
+    lines = ["", "    Options (keyword arguments, from the library's table):", ""]
+    for spec in OPTION_SPECS:
+        if spec["name"] in ("mode", "device", "dtype", "logits"):
+            continue
+        default = option_default(spec["name"])
+        lines.append(f"        {spec['name']} (default {default!r}): {spec['help']}")
+    return "\n".join(lines) + "\n"
+
+
+load.__doc__ = (load.__doc__ or "") + _options_doc()
 
 
 def download(name: str, *, progress: ProgressArg = None) -> str:
@@ -557,7 +686,7 @@ def _device_arg(device: Any) -> str:
 
 
 def _dtype_arg(dtype: Any) -> str:
-    if dtype is None:
+    if dtype is None or dtype == "default":
         return "default"
     if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
         dtype = str(dtype).removeprefix("torch.")

@@ -118,11 +118,12 @@ ss::ImageView rgb_view(const py::array& a, const std::string& what) {
 
 // ---- results ------------------------------------------------------------------------------
 
-// One segmented image: the library's Result, plus the decoded pixels when the binding decoded a
-// file or encoded bytes itself (Result.overlay needs them).
+// One segmented image: the library's Result, and the Prepared image it was run from (its decoded
+// pixels, which Result.overlay draws on, when the input was a file or encoded bytes).
 struct NativeResult {
   ss::Result result;
-  std::optional<ss::Image> decoded;
+  ss::Prepared prepared;
+  bool decoded = false;  // the input was a file or bytes: prepared.image() is the library's
 };
 using NativeResultPtr = std::shared_ptr<NativeResult>;
 
@@ -133,8 +134,19 @@ struct Job {
   std::vector<std::uint8_t> bytes;
   py::array array;  // kept referenced until the call returns (the view borrows its pixels)
   ss::ImageView view;
-  std::optional<ss::Image> decoded;
-  double decode_ms = 0;
+
+  // The library's Input; encoded bytes move into it.
+  ss::Input input() {
+    switch (kind) {
+      case Kind::kFile:
+        return ss::Input::file(path);
+      case Kind::kEncoded:
+        return ss::Input::encoded(std::move(bytes));
+      case Kind::kRgb:
+        break;
+    }
+    return ss::Input::rgb(view);
+  }
 };
 
 constexpr int kItemFile = 0, kItemEncoded = 1, kItemRgb = 2;
@@ -262,23 +274,23 @@ class PythonProgress {
   std::optional<py::error_already_set> pending_;
 };
 
-ss::Model load(const py::bytes& name, const std::string& mode, const std::string& device,
-               const std::string& dtype, const std::string& normalization,
-               bool accept_noncommercial, bool allow_unverified, int threads, int input_height,
-               int input_width, const std::string& pipeline, const std::string& cubic,
-               const py::object& progress) {
-  ss::LoadOptions opt;
-  opt.mode = parse_option(ss::parse_mode, mode);
-  opt.device = device;
-  opt.dtype = parse_option(ss::parse_dtype, dtype);
-  opt.normalization = parse_option(ss::parse_normalization, normalization);
-  opt.accept_noncommercial = accept_noncommercial;
-  opt.allow_unverified = allow_unverified;
-  opt.threads = threads;
-  opt.input_height = input_height;
-  opt.input_width = input_width;
-  opt.pipeline = parse_option(ss::parse_pipeline, pipeline);
-  opt.cubic = parse_option(ss::parse_cubic, cubic);
+// Options arrive as {name: text} in the library's table (names.hpp): segmentation.py makes its
+// keyword arguments from the same table, so a new option needs no change here.
+template <class Options>
+Options options_from(const py::dict& values) {
+  Options o;
+  for (const auto& [key, value] : values) {
+    try {
+      ss::set_option(o, py::cast<std::string>(key), py::cast<std::string>(value));
+    } catch (const ss::Error& e) {
+      throw py::value_error(e.what());
+    }
+  }
+  return o;
+}
+
+ss::Model load(const py::bytes& name, const py::dict& options, const py::object& progress) {
+  ss::LoadOptions opt = options_from<ss::LoadOptions>(options);
   const std::string id = path_arg(name, "name_or_path");
   PythonProgress watch(progress);
   opt.fetch.progress = watch.callback();
@@ -292,6 +304,28 @@ ss::Model load(const py::bytes& name, const std::string& mode, const std::string
   }
   watch.rethrow_pending();
   return std::move(*model);
+}
+
+py::list option_specs() {
+  py::list out;
+  for (const ss::OptionSpec& spec : ss::option_specs()) {
+    py::dict d;
+    d["name"] = spec.name;
+    d["group"] = spec.group == ss::OptionGroup::kLoad      ? "load"
+                 : spec.group == ss::OptionGroup::kSegment ? "segment"
+                                                           : "run";
+    d["type"] = spec.type == ss::OptionType::kChoice ? "choice"
+                : spec.type == ss::OptionType::kText ? "text"
+                : spec.type == ss::OptionType::kInt  ? "int"
+                                                     : "bool";
+    d["default"] = spec.default_value;
+    d["choices"] = spec.choices;
+    d["min"] = spec.min_value;
+    d["max"] = spec.max_value;
+    d["help"] = spec.help;
+    out.append(d);
+  }
+  return out;
 }
 
 py::str fetch(const py::bytes& name, const py::object& progress) {
@@ -311,11 +345,13 @@ py::str fetch(const py::bytes& name, const py::object& progress) {
   return to_str(path);
 }
 
-py::list segment(const ss::Model& model, const py::list& items, bool logits) {
+py::list segment(const ss::Model& model, const py::list& items, const py::dict& options) {
   std::vector<Job> jobs;
   jobs.reserve(py::len(items));
   for (std::size_t i = 0; i < py::len(items); ++i) jobs.push_back(make_job(items[i], i));
+  const ss::SegmentOptions opt = options_from<ss::SegmentOptions>(options);
 
+  std::vector<ss::Prepared> prepared;
   std::vector<ss::Result> results;
   // Ctrl-C during a long list: Python's handler only runs when this thread holds the GIL, so it
   // is taken briefly between images to run it; a KeyboardInterrupt it raises ends the call
@@ -328,28 +364,21 @@ py::list segment(const ss::Model& model, const py::list& items, bool logits) {
   };
   {
     py::gil_scoped_release nogil;
-    using Clock = std::chrono::steady_clock;
-    std::vector<ss::Input> inputs;
-    inputs.reserve(jobs.size());
-    // Files and bytes are decoded here (as the library would decode them) so that the pixels
-    // stay available for Result.overlay without a second decode.
-    for (auto& job : jobs) {
+    // The library's two halves, as every front end runs them: prepare (decode, resize,
+    // normalise) each image, then run the batch. Prepared keeps the decoded pixels for
+    // Result.overlay.
+    prepared.reserve(jobs.size());
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
       if (!check_signals()) break;
-      const auto t0 = Clock::now();
-      if (job.kind == Job::Kind::kFile) {
-        job.decoded = ss::read_image(job.path);
-      } else if (job.kind == Job::Kind::kEncoded) {
-        job.decoded = ss::read_image(job.bytes);
-        std::vector<std::uint8_t>().swap(job.bytes);
+      try {
+        prepared.push_back(model.prepare(jobs[i].input()));
+      } catch (const ss::Error& e) {
+        if (jobs.size() == 1) throw;
+        // Which item of the list failed, as the message's first words.
+        throw ss::Error(e.code(), "x[" + std::to_string(i) + "]: " + e.what());
       }
-      job.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      inputs.push_back(ss::Input::rgb(job.decoded ? job.decoded->view() : job.view));
     }
-    if (!interrupted && check_signals()) {
-      ss::SegmentOptions opt;
-      opt.logits = logits;
-      results = model.segment(inputs, opt);
-    }
+    if (!interrupted && check_signals()) results = model.run(prepared, opt);
   }
   if (interrupted) throw std::move(*interrupted);
 
@@ -357,12 +386,46 @@ py::list segment(const ss::Model& model, const py::list& items, bool logits) {
   for (std::size_t i = 0; i < results.size(); ++i) {
     auto native = std::make_shared<NativeResult>();
     native->result = std::move(results[i]);
-    if (jobs[i].decoded) {
-      native->result.timings.decode = jobs[i].decode_ms;
-      native->result.timings.total += jobs[i].decode_ms;
-      native->result.warnings = std::move(jobs[i].decoded->warnings);
-      native->decoded = std::move(jobs[i].decoded);
-    }
+    native->prepared = std::move(prepared[i]);
+    native->decoded = jobs[i].kind != Job::Kind::kRgb;
+    out.append(py::cast(std::move(native)));
+  }
+  return out;
+}
+
+// One image prepared (decoded, resized, normalised) for a model, and whether the library decoded
+// it (a file or bytes: its pixels are the library's, for Result.overlay).
+struct NativePrepared {
+  ss::Prepared prepared;
+  bool decoded = false;
+};
+
+NativePrepared prepare_one(const ss::Model& model, const py::handle& item) {
+  Job job = make_job(item, 0);
+  NativePrepared out;
+  out.decoded = job.kind != Job::Kind::kRgb;
+  py::gil_scoped_release nogil;
+  out.prepared = model.prepare(job.input());
+  return out;
+}
+
+py::list run_prepared(const ss::Model& model, const std::vector<NativePrepared>& batch,
+                      const py::dict& options) {
+  const ss::SegmentOptions opt = options_from<ss::SegmentOptions>(options);
+  std::vector<ss::Prepared> prepared;
+  prepared.reserve(batch.size());
+  for (const auto& p : batch) prepared.push_back(p.prepared);
+  std::vector<ss::Result> results;
+  {
+    py::gil_scoped_release nogil;
+    results = model.run(prepared, opt);
+  }
+  py::list out;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    auto native = std::make_shared<NativeResult>();
+    native->result = std::move(results[i]);
+    native->prepared = batch[i].prepared;
+    native->decoded = batch[i].decoded;
     out.append(py::cast(std::move(native)));
   }
   return out;
@@ -616,12 +679,21 @@ PYBIND11_MODULE(_core, m) {
           },
           "[C, H, W] float32 logits, or None when they were not asked for.")
       .def_property_readonly(
+          "raw_logits",
+          [](const py::object& self) -> py::object {
+            const auto& r = self.cast<const NativeResult&>().result;
+            if (r.raw_logits.empty()) return py::none();
+            const auto c = static_cast<py::ssize_t>(r.classes.size());
+            return borrowed_array<float>(r.raw_logits.data(), {c, r.raw_height, r.raw_width}, self);
+          },
+          "[C, h, w] float32: the network's own output, or None when it was not asked for.")
+      .def_property_readonly(
           "image",
           [](const py::object& self) -> py::object {
             const auto& n = self.cast<const NativeResult&>();
             if (!n.decoded) return py::none();
-            return borrowed_array<std::uint8_t>(n.decoded->rgb.data(),
-                                                {n.decoded->height, n.decoded->width, 3}, self);
+            const ss::ImageView v = n.prepared.image();
+            return borrowed_array<std::uint8_t>(v.data, {v.height, v.width, 3}, self);
           },
           "The decoded HxWx3 RGB pixels when the input was a file or bytes, else None.")
       .def_property_readonly("classes",
@@ -641,7 +713,7 @@ PYBIND11_MODULE(_core, m) {
             ss::ImageView view;
             if (image.is_none()) {
               if (!n.decoded) throw py::value_error("overlay: no image was kept for this result");
-              view = n.decoded->view();
+              view = n.prepared.image();
             } else {
               if (!py::isinstance<py::array>(image)) {
                 throw py::type_error("overlay: expected a numpy array");
@@ -659,18 +731,38 @@ PYBIND11_MODULE(_core, m) {
           py::arg("image"), py::arg("opacity"),
           "Palette colours blended over `image` (None: the decoded input) as HxWx3 uint8.");
 
+  py::class_<NativePrepared>(m, "Prepared",
+                             "One image decoded, resized and normalised for one model.")
+      .def_property_readonly("height", [](const NativePrepared& p) { return p.prepared.height(); })
+      .def_property_readonly("width", [](const NativePrepared& p) { return p.prepared.width(); })
+      .def_property_readonly(
+          "timings", [](const NativePrepared& p) { return timings_dict(p.prepared.timings()); })
+      .def_property_readonly(
+          "warnings", [](const NativePrepared& p) { return str_list(p.prepared.warnings()); });
+
   py::class_<ss::Model>(m, "Model", "A loaded model (immutable; safe to share between threads).")
-      .def("segment", &segment, py::arg("items"), py::arg("logits"),
-           "Segments a list of (kind, payload) items in one batch; the GIL is released.")
+      .def("prepare", &prepare_one, py::arg("item"),
+           "Decodes, resizes and normalises one (kind, payload) item (Model::prepare); the GIL "
+           "is released.")
+      .def("run", &run_prepared, py::arg("batch"), py::arg("options"),
+           "Runs prepared images as one network batch (Model::run); the GIL is released.")
+      .def("segment", &segment, py::arg("items"), py::arg("options"),
+           "Segments a list of (kind, payload) items in one batch (prepare each, run them); "
+           "`options`: {name: text} of the segment options. The GIL is released.")
       .def_property_readonly("info", &model_info);
 
-  m.def("load", &load, py::arg("name_or_path"), py::arg("mode"), py::arg("device"),
-        py::arg("dtype"), py::arg("normalization"), py::arg("accept_noncommercial"),
-        py::arg("allow_unverified"), py::arg("threads"), py::arg("input_height"),
-        py::arg("input_width"), py::arg("pipeline") = "auto", py::arg("cubic") = "wheel",
+  m.def("load", &load, py::arg("name_or_path"), py::arg("options"),
         py::arg("progress") = py::none(),
-        "Loads a model; the GIL is released while it loads. `progress`: None or a callable "
-        "(file, done, total, bytes_per_second) -> bool for downloads; Ctrl-C cancels either way.");
+        "Loads a model; the GIL is released while it loads. `options`: {name: text} of the load "
+        "options (option_specs()); `progress`: None or a callable (file, done, total, "
+        "bytes_per_second) -> bool for downloads; Ctrl-C cancels either way.");
+  m.def("option_specs", &option_specs,
+        "Every option of the library as a dict (name, group load/segment/run, type, default, "
+        "choices, min, max, help): what segmentation.load's and Model.__call__'s keyword "
+        "arguments are made from.");
+  m.def(
+      "default_model", [] { return std::string(ss::default_model()); },
+      "The model the command-line tools load when none is named.");
   m.def("fetch", &fetch, py::arg("name"), py::arg("progress") = py::none(),
         "Makes a card's weights present and verified (downloading them); returns the path.");
   m.def("list_cards", &list_cards, "Every model card visible now, as dicts.");
@@ -710,6 +802,20 @@ PYBIND11_MODULE(_core, m) {
         "`sapiens-seg segment` takes them, URIs passed through as given. A dict: items "
         "[(path, video)], problems [(path, code, message)], excluded (output files not taken), "
         "notes.");
+  m.def(
+      "image_extensions", [] { return ss::cli::image_extensions(); },
+      "The image extensions a folder walk takes by default ('.jpg', ...), as the CLI's --ext.");
+  m.def(
+      "output_kinds",
+      [] {
+        py::list out;
+        for (const auto& k : ss::cli::output_kinds()) {
+          out.append(py::make_tuple(k.save ? py::object(py::str(k.save)) : py::object(py::none()),
+                                    k.key, k.suffix, k.video));
+        }
+        return out;
+      },
+      "The CLI's output files as (--save item, summary.json key, suffix after the base, video).");
   m.def("encode_labels_png", &encode_labels_png, py::arg("labels"),
         "An HxW uint8 label map as the CLI's <name>_seg.png bytes.");
   m.def("output_bases", &output_bases, py::arg("paths"), py::arg("output_dir"),

@@ -24,7 +24,10 @@ std::string lower_ext(const fs::path& p) {
 }
 
 const std::set<std::string>& video_exts() {
-  static const std::set<std::string> v = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v"};
+  static const std::set<std::string> v = [] {
+    const std::vector<std::string> list = video_extensions();
+    return std::set<std::string>(list.begin(), list.end());
+  }();
   return v;
 }
 
@@ -202,6 +205,23 @@ class Expander {
 };
 
 }  // namespace
+
+std::vector<std::string> image_extensions() {
+  return {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"};
+}
+
+std::vector<std::string> video_extensions() {
+  return {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v"};
+}
+
+std::string extension_list(const std::vector<std::string>& exts) {
+  std::string out;
+  for (const auto& e : exts) {
+    if (!out.empty()) out += ',';
+    out.append(e, 1);  // without the dot
+  }
+  return out;
+}
 
 bool is_video_path(const std::string& path) {
   return video_exts().count(lower_ext(path)) > 0;

@@ -54,6 +54,11 @@ struct ExpandedInputs {
 ExpandedInputs expand_inputs(const std::vector<std::string>& args, const InputRules& rules);
 
 std::set<std::string> parse_extensions(const std::string& list);  // "jpg,png" -> {".jpg",".png"}
+// The extensions a folder walk takes by default: images, then videos (which the CLI segments
+// frame by frame); ".jpg" form. extension_list() writes them as --ext takes them ("jpg,png").
+std::vector<std::string> image_extensions();
+std::vector<std::string> video_extensions();
+std::string extension_list(const std::vector<std::string>& exts);
 bool is_video_path(const std::string& path);
 
 // What kind of file `path` is, for messages: "a folder", "a FIFO (named pipe)", ...; "" for a

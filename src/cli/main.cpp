@@ -21,7 +21,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/inputs.hpp"
 #include "cli/json_paths.hpp"
+#include "cli/naming.hpp"
+#include "cli/option_flags.hpp"
 #include "cli/segment.hpp"
 #include "cli/stop.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
@@ -37,32 +40,6 @@ std::atomic<bool>& g_cancel = cli::stop_flag();
 void print_error(const Error& e) {
   std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                cli::plain_text(e.what(), /*keep_newlines=*/true).c_str());
-}
-
-// The library's defaults, as the parser shows and takes them.
-struct LoadArgs {
-  std::string mode{to_string(LoadOptions{}.mode)}, device, dtype{to_string(LoadOptions{}.dtype)};
-  std::string normalization{to_string(LoadOptions{}.normalization)};
-  std::string pipeline{to_string(LoadOptions{}.pipeline)}, cubic{to_string(LoadOptions{}.cubic)};
-  int threads = 0;
-  bool accept_nc = false, allow_unverified = false, use_hf_token = false;
-};
-
-LoadOptions load_options(const LoadArgs& a) {
-  // The names were checked by the parser against the same tables (names.hpp).
-  LoadOptions o;
-  o.mode = parse_mode(a.mode);
-  o.device = a.device;
-  o.dtype = parse_dtype(a.dtype);
-  o.normalization = parse_normalization(a.normalization);
-  o.pipeline = parse_pipeline(a.pipeline);
-  o.cubic = parse_cubic(a.cubic);
-  o.accept_noncommercial = a.accept_nc;
-  o.allow_unverified = a.allow_unverified;
-  o.threads = a.threads;
-  o.fetch.use_hf_token = a.use_hf_token;
-  o.fetch.cancel = &g_cancel;
-  return o;
 }
 
 std::string human_size(std::optional<std::uint64_t> bytes) {
@@ -236,7 +213,7 @@ int main(int argc, char** argv) try {
   app.add_flag("-q,--quiet", quiet, "log errors only");
 
   cli::SegmentArgs seg;
-  LoadArgs la;
+  cli::OptionValues seg_options;
   auto* s = app.add_subcommand(
       "segment",
       "segment images, folders, lists (@file, -) and videos; write labels, overlays, "
@@ -246,40 +223,20 @@ int main(int argc, char** argv) try {
   s->add_option("-o,--output", seg.out_dir, "output folder")->required();
   s->add_option("-m,--model", seg.model, "card id (see `models`) or checkpoint path")
       ->capture_default_str();
-  s->add_option("--mode", la.mode, "backend")
-      ->check(CLI::IsMember(mode_names()))
-      ->capture_default_str();
-  s->add_option("--device", la.device, "cpu, cuda or cuda:N (default: cuda when present)");
-  s->add_option("--dtype", la.dtype, "compute precision")
-      ->check(CLI::IsMember(dtype_names()))
-      ->capture_default_str();
-  s->add_option("--normalization", la.normalization,
-                "mean/std: the authors' demo or training values")
-      ->check(CLI::IsMember(normalization_names()))
-      ->capture_default_str();
-  s->add_option("--pipeline", la.pipeline,
-                "resize, normalisation and upsample+argmax on the host or where the network runs "
-                "(auto: device on CUDA); the same resized bytes either way")
-      ->check(CLI::IsMember(pipeline_names()))
-      ->capture_default_str();
-  s->add_option("--cubic", la.cubic,
-                "Sapiens2's INTER_CUBIC bytes: the x86-64 opencv-python wheel's (IPP) or "
-                "OpenCV's own (cv2.setUseOptimized(False), builds without IPP)")
-      ->check(CLI::IsMember(cubic_names()))
-      ->capture_default_str();
-  s->add_option("--batch-size,--batch", seg.batch, "images per network call")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
+  // Every load and run option of the library, by its table (names.hpp); the segment options
+  // are --save items (logits, raw_logits).
+  cli::add_option_flags(*s, {OptionGroup::kLoad, OptionGroup::kRun}, seg_options);
   s->add_option("--workers", seg.workers, "decode threads and writer threads")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  s->add_option("--threads", la.threads, "CPU threads of the network (0 = one per core)")
-      ->check(CLI::NonNegativeNumber);
   s->add_flag("-r,--recursive", seg.recursive, "search folders recursively");
+  seg.extensions = cli::extension_list(cli::image_extensions()) + "," +
+                   cli::extension_list(cli::video_extensions());
   s->add_option("--ext", seg.extensions, "file extensions taken from folders")
       ->capture_default_str();
-  s->add_option("--save", seg.save, "outputs: labels,overlay,mask,npy,logits,json")
-      ->capture_default_str();
+  std::string save_help = "outputs, any of:";
+  for (const auto& item : cli::save_items()) save_help += " " + item;
+  s->add_option("--save", seg.save, save_help)->capture_default_str();
   s->add_option("--overlay", seg.overlay_style,
                 "blend, or side-by-side (input | overlay, under the input's name, as the "
                 "authors' demo)")
@@ -301,12 +258,6 @@ int main(int argc, char** argv) try {
   s->add_flag("-q,--quiet", seg.quiet, "no progress bar or per-input lines; errors only");
   s->add_flag("--skip-existing", seg.skip_existing,
               "skip inputs whose selected outputs exist (resume a folder run)");
-  s->add_flag("--accept-noncommercial", la.accept_nc,
-              "accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights");
-  s->add_flag("--allow-unverified", la.allow_unverified,
-              "load weights whose card has no pinned SHA-256");
-  s->add_flag("--use-hf-token", la.use_hf_token,
-              "send $HF_TOKEN when downloading (also SAPIENS_SEG_USE_HF_TOKEN=1)");
 
   auto* m = app.add_subcommand("models", "list, download, verify and remove model weights");
   std::string model_id;
@@ -341,7 +292,10 @@ int main(int argc, char** argv) try {
       cli::install_stop_handlers();
       seg.quiet = seg.quiet || quiet;
       if (seg.quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
-      return cli::run_segment(seg, load_options(la));
+      LoadOptions load_options = cli::load_options(seg_options);
+      load_options.fetch.cancel = &g_cancel;
+      seg.run = cli::run_options(seg_options);
+      return cli::run_segment(seg, load_options);
     }
     if (m->parsed()) {
       cli::install_stop_handlers();

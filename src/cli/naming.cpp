@@ -47,14 +47,32 @@ std::uint64_t fnv1a64(const std::string& s) noexcept {
   return h;
 }
 
-std::vector<std::string> claimed_names(const std::string& base, const std::string& input_name,
-                                       bool video, OverlayStyle style,
-                                       const CanWriteExt& can_write) {
-  if (video) return {base + "_overlay.mp4", base + "_overlay.partial.mp4", base + "_frames"};
-  return {base + "_seg.png",
-          style == OverlayStyle::kSideBySide ? base + side_by_side_ext(input_name, can_write)
-                                             : base + "_overlay.png",
-          base + ".npy", base + "_seg.npy", base + "_logits.npy"};
+const std::vector<OutputKind>& output_kinds() {
+  // The demo's own names for its .npy files: <name>_seg.npy (labels) and <name>.npy (mask).
+  static const std::vector<OutputKind> kinds = {
+      {"labels", "labels_png", "_seg.png", &OutputNames::labels_png, false},
+      {"overlay", "overlay", "_overlay.png", &OutputNames::overlay, false},
+      {"mask", "mask_npy", ".npy", &OutputNames::mask_npy, false},
+      {"npy", "labels_npy", "_seg.npy", &OutputNames::labels_npy, false},
+      {"logits", "logits_npy", "_logits.npy", &OutputNames::logits_npy, false},
+      {"raw_logits", "raw_logits_npy", "_raw_logits.npy", &OutputNames::raw_logits_npy, false},
+      {"overlay", "overlay_video", "_overlay.mp4", &OutputNames::overlay_video, true},
+      {nullptr, "overlay_video_partial", "_overlay.partial.mp4",
+       &OutputNames::overlay_video_partial, true},
+      {"labels", "frames_dir", "_frames", &OutputNames::frames_dir, true},
+  };
+  return kinds;
+}
+
+std::vector<std::string> save_items() {
+  std::vector<std::string> items;
+  for (const auto& k : output_kinds()) {
+    if (k.save && std::find(items.begin(), items.end(), k.save) == items.end()) {
+      items.emplace_back(k.save);
+    }
+  }
+  items.emplace_back("json");
+  return items;
 }
 
 OutputNames output_names(const std::string& dir, const std::string& base,
@@ -63,19 +81,24 @@ OutputNames output_names(const std::string& dir, const std::string& base,
   const std::string b = (fs::path(dir) / base).string();
   OutputNames n;
   n.base = base;
-  if (video) {
-    n.overlay_video = b + "_overlay.mp4";
-    n.overlay_video_partial = b + "_overlay.partial.mp4";
-    n.frames_dir = b + "_frames";
-    return n;
+  for (const auto& k : output_kinds()) {
+    if (k.video == video) n.*k.field = b + k.suffix;
   }
-  n.labels_png = b + "_seg.png";
-  n.overlay = style == OverlayStyle::kSideBySide ? b + side_by_side_ext(input_name, can_write)
-                                                 : b + "_overlay.png";
-  n.mask_npy = b + ".npy";
-  n.labels_npy = b + "_seg.npy";
-  n.logits_npy = b + "_logits.npy";
+  if (!video && style == OverlayStyle::kSideBySide) {
+    n.overlay = b + side_by_side_ext(input_name, can_write);
+  }
   return n;
+}
+
+std::vector<std::string> claimed_names(const std::string& base, const std::string& input_name,
+                                       bool video, OverlayStyle style,
+                                       const CanWriteExt& can_write) {
+  const OutputNames n = output_names("", base, input_name, video, style, can_write);
+  std::vector<std::string> names;
+  for (const auto& k : output_kinds()) {
+    if (k.video == video) names.push_back(n.*k.field);
+  }
+  return names;
 }
 
 std::vector<std::string> assign_bases(const std::vector<NameRequest>& requests,
@@ -211,13 +234,9 @@ std::vector<std::string> run_bases(const std::vector<std::string>& paths,
 }
 
 std::string base_of_output(const std::string& kind, const std::string& file_name) {
-  static const std::pair<const char*, const char*> suffixes[] = {
-      {"labels_png", "_seg.png"}, {"labels_npy", "_seg.npy"},        {"logits_npy", "_logits.npy"},
-      {"mask_npy", ".npy"},       {"overlay_video", "_overlay.mp4"}, {"frames_dir", "_frames"},
-      {"overlay", "_overlay.png"}};
-  for (const auto& [k, suffix] : suffixes) {
-    const std::string sfx(suffix);
-    if (kind == k && ends_with(file_name, sfx) && file_name.size() > sfx.size()) {
+  for (const auto& k : output_kinds()) {
+    const std::string sfx(k.suffix);
+    if (kind == k.key && ends_with(file_name, sfx) && file_name.size() > sfx.size()) {
       return file_name.substr(0, file_name.size() - sfx.size());
     }
   }

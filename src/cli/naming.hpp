@@ -44,9 +44,23 @@ using CanWriteExt = std::function<bool(const std::string& ext)>;
 
 struct OutputNames {
   std::string base;
-  std::string labels_png, overlay, mask_npy, labels_npy, logits_npy;  // images
-  std::string overlay_video, overlay_video_partial, frames_dir;       // videos
+  std::string labels_png, overlay, mask_npy, labels_npy, logits_npy, raw_logits_npy;  // images
+  std::string overlay_video, overlay_video_partial, frames_dir;                       // videos
 };
+
+// Every kind of output file, in one table: the --save item that selects it, its key in the JSON
+// summary's "outputs", and its name after the base. The CLI's --save parser, its namer, its
+// summary reader and the binding's Ray driver all read this table.
+struct OutputKind {
+  const char* save;    // the --save item ("labels"); nullptr for a file no item names
+  const char* key;     // summary.json "outputs" key ("labels_png")
+  const char* suffix;  // after the base ("_seg.png"); the side-by-side overlay is special
+  std::string OutputNames::*field;
+  bool video;
+};
+const std::vector<OutputKind>& output_kinds();
+// The --save items, in the table's order, and "json" (the summary itself).
+std::vector<std::string> save_items();
 
 // The full paths of the outputs of an input named `input_name` (its file name) under `base`.
 OutputNames output_names(const std::string& dir, const std::string& base,

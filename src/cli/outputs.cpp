@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include <opencv2/imgcodecs.hpp>
@@ -15,38 +16,51 @@
 namespace sapiens_seg::cli {
 namespace fs = std::filesystem;
 
+namespace {
+// The SaveSet field of each --save item (save_items()); nullptr for another word.
+bool SaveSet::*save_field(std::string_view item) {
+  static const std::pair<std::string_view, bool SaveSet::*> kFields[] = {
+      {"labels", &SaveSet::labels}, {"overlay", &SaveSet::overlay},
+      {"mask", &SaveSet::mask},     {"npy", &SaveSet::npy},
+      {"logits", &SaveSet::logits}, {"raw_logits", &SaveSet::raw_logits},
+      {"json", &SaveSet::json}};
+  for (const auto& [name, field] : kFields) {
+    if (item == name) return field;
+  }
+  return nullptr;
+}
+
+bool selected(const SaveSet& s, const OutputKind& k) {
+  return k.save != nullptr && s.*save_field(k.save);
+}
+}  // namespace
+
 SaveSet parse_save(const std::string& list) {
-  SaveSet s{false, false, false, false, false, false};
+  SaveSet s{false, false, false, false, false, false, false};
   std::stringstream ss(list);
   for (std::string item; std::getline(ss, item, ',');) {
-    if (item == "labels")
-      s.labels = true;
-    else if (item == "overlay")
-      s.overlay = true;
-    else if (item == "mask")
-      s.mask = true;
-    else if (item == "npy")
-      s.npy = true;
-    else if (item == "logits")
-      s.logits = true;
-    else if (item == "json")
-      s.json = true;
-    else if (!item.empty()) {
-      throw Error(ErrorCode::kInvalidInput, "--save: unknown output '" + item +
-                                                "' (labels, overlay, mask, npy, logits, json)");
+    if (item.empty()) continue;
+    bool SaveSet::*field = save_field(item);
+    if (field == nullptr) {
+      std::string items;
+      for (const auto& i : save_items()) items += (items.empty() ? "" : ", ") + i;
+      throw Error(ErrorCode::kInvalidInput,
+                  "--save: unknown output '" + item + "' (" + items + ")");
     }
+    s.*field = true;
   }
   return s;
 }
 
 bool outputs_exist(const OutputNames& n, const SaveSet& s) {
   std::error_code ec;
-  auto ok = [&](bool wanted, const std::string& p) { return !wanted || fs::exists(p, ec); };
-  return ok(s.labels, n.labels_png) && ok(s.overlay, n.overlay) && ok(s.mask, n.mask_npy) &&
-         ok(s.npy, n.labels_npy) && ok(s.logits, n.logits_npy);
+  for (const auto& k : output_kinds()) {
+    if (!k.video && selected(s, k) && !fs::exists(n.*k.field, ec)) return false;
+  }
+  return true;
 }
 
-cv::Mat overlay_bgr(const Result& r, const Image& image, OverlayStyle style, float opacity) {
+cv::Mat overlay_bgr(const Result& r, ImageView image, OverlayStyle style, float opacity) {
   const bool sbs = style == OverlayStyle::kSideBySide;
   const int w = r.width, h = r.height;
   cv::Mat out(h, sbs ? 2 * w : w, CV_8UC3);
@@ -65,11 +79,12 @@ cv::Mat overlay_bgr(const Result& r, const Image& image, OverlayStyle style, flo
     strip.labels.assign(
         r.labels.begin() + static_cast<std::ptrdiff_t>(first),
         r.labels.begin() + static_cast<std::ptrdiff_t>(first + std::size_t(rows) * w));
-    const ImageView view{image.rgb.data() + first * 3, rows, w, 0};
+    const std::size_t stride = image.stride ? image.stride : static_cast<std::size_t>(w) * 3;
+    const ImageView view{image.data + static_cast<std::size_t>(y0) * stride, rows, w, stride};
     const Image ov = overlay(strip, view, opacity);
     const cv::Mat blend(rows, w, CV_8UC3, const_cast<std::uint8_t*>(ov.rgb.data()));
     if (sbs) {
-      const cv::Mat input(rows, w, CV_8UC3, const_cast<std::uint8_t*>(view.data));
+      const cv::Mat input(rows, w, CV_8UC3, const_cast<std::uint8_t*>(view.data), stride);
       cv::Mat left = out(cv::Rect(0, y0, w, rows)), right = out(cv::Rect(w, y0, w, rows));
       cv::cvtColor(input, left, cv::COLOR_RGB2BGR);
       cv::cvtColor(blend, right, cv::COLOR_RGB2BGR);
@@ -91,7 +106,27 @@ nlohmann::json class_counts(const Result& r) {
   return classes;
 }
 
-nlohmann::json write_outputs(const Result& r, const Image& image, const OutputNames& names,
+nlohmann::json timings_json(const Timings& t) {
+  return {{"decode", t.decode},
+          {"preprocess", t.preprocess},
+          {"network", t.network},
+          {"postprocess", t.postprocess},
+          {"total", t.total}};
+}
+
+namespace {
+void write_floats(const std::string& path, const std::vector<float>& values,
+                  std::vector<std::int64_t> shape) {
+  std::size_t at = 0;
+  write_npy(path, "<f4", 4, std::move(shape), [&](void* buf, std::size_t n) {
+    std::memcpy(buf, values.data() + at, n * sizeof(float));
+    at += n;
+    return n;
+  });
+}
+}  // namespace
+
+nlohmann::json write_outputs(const Result& r, ImageView image, const OutputNames& names,
                              const SaveSet& save, OverlayStyle style, float opacity) {
   nlohmann::json outputs = nlohmann::json::object();
   const std::vector<std::int64_t> shape = {r.height, r.width};
@@ -124,30 +159,23 @@ nlohmann::json write_outputs(const Result& r, const Image& image, const OutputNa
     });
     put_path(outputs, "mask_npy", names.mask_npy);
   }
+  const auto classes = static_cast<std::int64_t>(r.classes.size());
   if (save.logits) {
-    const std::int64_t classes = static_cast<std::int64_t>(r.classes.size());
-    std::size_t at = 0;
-    write_npy(names.logits_npy, "<f4", 4, {classes, r.height, r.width},
-              [&](void* buf, std::size_t n) {
-                std::memcpy(buf, r.logits.data() + at, n * sizeof(float));
-                at += n;
-                return n;
-              });
+    write_floats(names.logits_npy, r.logits, {classes, r.height, r.width});
     put_path(outputs, "logits_npy", names.logits_npy);
+  }
+  if (save.raw_logits) {
+    write_floats(names.raw_logits_npy, r.raw_logits, {classes, r.raw_height, r.raw_width});
+    put_path(outputs, "raw_logits_npy", names.raw_logits_npy);
   }
   return {{"height", r.height},
           {"width", r.width},
           {"outputs", outputs},
           {"backend",
            {{"mode", r.backend.mode}, {"device", r.backend.device}, {"dtype", r.backend.dtype}}},
-          {"timings_ms",
-           {{"decode", r.timings.decode},
-            {"preprocess", r.timings.preprocess},
-            {"network", r.timings.network},
-            {"postprocess", r.timings.postprocess},
-            {"total", r.timings.total}}},
+          {"timings_ms", timings_json(r.timings)},
           {"classes", class_counts(r)},
-          {"warnings", image.warnings.empty() ? r.warnings : image.warnings}};
+          {"warnings", r.warnings}};
 }
 
 }  // namespace sapiens_seg::cli

@@ -15,16 +15,20 @@ class Mat;
 namespace sapiens_seg::cli {
 
 // --save: which files to write.
+// --save: which files to write (their names: naming.hpp's output_kinds()).
 struct SaveSet {
-  bool labels = true;   // <name>_seg.png, 8-bit grey class indices
-  bool overlay = true;  // <name>_overlay.png, or the demo's side-by-side image
-  bool mask = true;     // <name>.npy, bool foreground (the authors' demo name)
-  bool npy = true;      // <name>_seg.npy, int64 labels (the authors' demo name)
-  bool logits = false;  // <name>_logits.npy, float32 [classes, H, W] (large)
-  bool json = true;     // summary.json for the run
+  bool labels = true;       // <name>_seg.png, 8-bit grey class indices
+  bool overlay = true;      // <name>_overlay.png, or the demo's side-by-side image
+  bool mask = true;         // <name>.npy, bool foreground (the authors' demo name)
+  bool npy = true;          // <name>_seg.npy, int64 labels (the authors' demo name)
+  bool logits = false;      // <name>_logits.npy, float32 [classes, H, W] (large)
+  bool raw_logits = false;  // <name>_raw_logits.npy, float32 [classes, h, w]: the network's own
+  bool json = true;         // summary.json for the run
+  // The library's SegmentOptions these outputs need.
+  SegmentOptions segment_options() const { return {.logits = logits, .raw_logits = raw_logits}; }
 };
 
-// Parses "labels,overlay,mask,npy,logits,json" (any subset). Throws Error(kInvalidInput).
+// Parses a comma list of save_items() (any subset). Throws Error(kInvalidInput).
 SaveSet parse_save(const std::string& list);
 
 // True when every selected output exists already (--skip-existing).
@@ -34,14 +38,17 @@ bool outputs_exist(const OutputNames& names, const SaveSet& save);
 // (size, outputs, backend, timings, pixel count per class present). Memory: besides the image
 // and its labels, at most one full-size picture (the overlay, in the encoder's BGR order) and
 // buffers of a few MB; the .npy files are written in pieces.
-nlohmann::json write_outputs(const Result& result, const Image& image, const OutputNames& names,
+nlohmann::json write_outputs(const Result& result, ImageView image, const OutputNames& names,
                              const SaveSet& save, OverlayStyle style, float opacity);
 
 // The overlay image (blend or side-by-side) as BGR for encoders, made in strips of rows so that
 // no second full-size RGB copy exists on the way.
-cv::Mat overlay_bgr(const Result& result, const Image& image, OverlayStyle style, float opacity);
+cv::Mat overlay_bgr(const Result& result, ImageView image, OverlayStyle style, float opacity);
 
 // Pixel count per class present, by name.
 nlohmann::json class_counts(const Result& result);
+
+// The library's Timings as the JSON object the summary and --json lines carry ("timings_ms").
+nlohmann::json timings_json(const Timings& t);
 
 }  // namespace sapiens_seg::cli

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -38,10 +39,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // Fails early (before loading gigabytes) when the output folder cannot be written.
 void prepare_out_dir(const std::string& dir) {
@@ -170,9 +167,8 @@ class Reporter {
   }
   static std::string first_output(const nlohmann::json& e) {
     if (!e.contains("outputs")) return "(no outputs selected)";
-    for (const char* key : {"labels_png", "overlay", "overlay_video", "frames_dir", "labels_npy",
-                            "mask_npy", "logits_npy"}) {
-      if (e["outputs"].contains(key)) return e["outputs"][key].get<std::string>();
+    for (const OutputKind& k : output_kinds()) {
+      if (e["outputs"].contains(k.key)) return e["outputs"][k.key].get<std::string>();
     }
     return "(no outputs selected)";
   }
@@ -209,16 +205,16 @@ struct Job {
   OutputNames names;
 };
 
+// An input after Model::prepare (decoded, resized, normalised) or its error.
 struct Decoded {
   const Job* job = nullptr;
-  std::optional<Image> image;
+  Prepared prepared;
   std::optional<Error> error;
-  double decode_ms = 0;
 };
 
 struct Segmented {
   const Job* job = nullptr;
-  Image image;
+  Prepared prepared;  // holds the decoded pixels the overlay is drawn on
   Result result;
 };
 
@@ -246,14 +242,15 @@ class ThreadGroup {
   std::vector<std::thread> threads_;
 };
 
-// Images: decode on `workers` threads -> batched inference here -> write on `workers` threads.
+// Images: Model::prepare (decode, resize, normalise) on `workers` threads -> Model::run on
+// batches here -> write on `workers` threads.
 // Queues hold at most two batches per stage. Every input is reported exactly once (ok or
 // error); no exception leaves a thread body, so nothing can terminate the process.
 void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentArgs& a,
                 const SaveSet& save, OverlayStyle style, Reporter& report,
                 const std::atomic<bool>& cancel) {
   if (jobs.empty()) return;
-  const auto batch_size = static_cast<std::size_t>(a.batch);
+  const auto batch_size = static_cast<std::size_t>(a.run.batch_size);
   BoundedQueue<Decoded> decoded(2 * batch_size);
   BoundedQueue<Segmented> segmented(2 * batch_size);
   std::atomic<std::size_t> next{0};
@@ -291,13 +288,11 @@ void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentA
       for (std::size_t i; !cancel && !broken && (i = next++) < jobs.size();) {
         Decoded d;
         d.job = &jobs[i];
-        const auto t0 = Clock::now();
         try {
-          d.image = read_image(jobs[i].path);
+          d.prepared = model.prepare(Input::file(jobs[i].path));
         } catch (...) {
           d.error = as_error(std::current_exception(), "reading " + jobs[i].path);
         }
-        d.decode_ms = ms_since(t0);
         if (!decoded.push(std::move(d))) break;
       }
     } catch (...) {
@@ -310,7 +305,7 @@ void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentA
       while (auto s = segmented.pop()) {
         try {
           nlohmann::json entry =
-              write_outputs(s->result, s->image, s->job->names, save, style, a.opacity);
+              write_outputs(s->result, s->prepared.image(), s->job->names, save, style, a.opacity);
           if (!reported[static_cast<std::size_t>(s->job - jobs.data())].exchange(true)) {
             report.ok(s->job->path, std::move(entry));
           }
@@ -330,7 +325,7 @@ void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentA
     pipeline_failed("starting the pipeline's threads");
   }
 
-  const SegmentOptions options{.logits = save.logits};
+  const SegmentOptions options = save.segment_options();
   try {
     while (!broken) {
       std::vector<Decoded> batch;
@@ -345,14 +340,12 @@ void run_images(const Model& model, const std::vector<Job>& jobs, const SegmentA
       }
       if (batch.empty()) break;
       try {
-        std::vector<Input> inputs;
-        inputs.reserve(batch.size());
-        for (const auto& d : batch) inputs.push_back(Input::rgb(d.image->view()));
-        std::vector<Result> results = model.segment(inputs, options);
+        std::vector<Prepared> prepared;
+        prepared.reserve(batch.size());
+        for (const auto& d : batch) prepared.push_back(d.prepared);
+        std::vector<Result> results = model.run(prepared, options);
         for (std::size_t j = 0; j < batch.size(); ++j) {
-          results[j].timings.decode = batch[j].decode_ms;
-          segmented.push(
-              Segmented{batch[j].job, std::move(*batch[j].image), std::move(results[j])});
+          segmented.push(Segmented{batch[j].job, std::move(prepared[j]), std::move(results[j])});
         }
       } catch (...) {
         // Out of memory for this batch (or any other failure) fails its inputs, not the run.
@@ -448,17 +441,14 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
   // A second signal (stop.hpp) removes the unfinished video before the process ends.
   const TempFileGuard partial_guard(video_tmp);
   std::int64_t read = 0, processed = 0;
-  std::vector<Image> batch;
+  std::vector<Prepared> batch;
   std::vector<std::int64_t> batch_index;
   auto flush = [&] {
     if (batch.empty()) return;
-    std::vector<Input> inputs;
-    inputs.reserve(batch.size());
-    for (const auto& img : batch) inputs.push_back(Input::rgb(img.view()));
-    const std::vector<Result> results = model.segment(inputs);
+    const std::vector<Result> results = model.run(batch);
     for (std::size_t j = 0; j < batch.size(); ++j) {
       if (save.overlay) {
-        const cv::Mat frame = overlay_bgr(results[j], batch[j], style, a.opacity);
+        const cv::Mat frame = overlay_bgr(results[j], batch[j].image(), style, a.opacity);
         if (!video.writer.isOpened()) {
           video.open(video_tmp, a.codec, fps / a.stride, frame.size());
           if (!video.fallback.empty()) report.warn(path + ": " + video.fallback);
@@ -485,13 +475,9 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
     while (!cancel && cap.read(frame)) {
       if (read++ % a.stride != 0) continue;
       cv::cvtColor(frame, rgb, cv::COLOR_BGR2RGB);
-      Image img;
-      img.height = rgb.rows;
-      img.width = rgb.cols;
-      img.rgb.assign(rgb.data, rgb.data + rgb.total() * 3);
-      batch.push_back(std::move(img));
+      batch.push_back(model.prepare(Input::rgb_copy({rgb.data, rgb.rows, rgb.cols, rgb.step})));
       batch_index.push_back(read - 1);
-      if (batch.size() == static_cast<std::size_t>(a.batch)) flush();
+      if (batch.size() == static_cast<std::size_t>(a.run.batch_size)) flush();
     }
     if (!cancel) flush();
     video.writer.release();
@@ -574,13 +560,21 @@ PreviousSummary read_previous_summary(const fs::path& file, Reporter& report) {
     const std::string input = get_path(e, "input");
     if (input.empty() || !e.contains("outputs") || !e["outputs"].is_object()) continue;
     std::string base;
-    for (const char* kind : {"labels_npy", "mask_npy", "labels_png", "logits_npy", "overlay_video",
-                             "frames_dir", "overlay"}) {
-      const std::string f = fs::path(get_path(e["outputs"], kind)).filename().string();
+    // The side-by-side overlay's name (<base> + the input's extension) says least of the base:
+    // every other kind is asked first.
+    std::vector<const OutputKind*> kinds;
+    for (const OutputKind& k : output_kinds()) {
+      if (std::string_view(k.key) != "overlay") kinds.push_back(&k);
+    }
+    for (const OutputKind& k : output_kinds()) {
+      if (std::string_view(k.key) == "overlay") kinds.push_back(&k);
+    }
+    for (const OutputKind* k : kinds) {
+      const std::string f = fs::path(get_path(e["outputs"], k->key)).filename().string();
       if (f.empty()) continue;
       prev.files.insert(f);
       prev.files_of[input].push_back(f);
-      if (base.empty()) base = base_of_output(kind, f);
+      if (base.empty()) base = base_of_output(k->key, f);
     }
     if (!base.empty()) prev.base_of[input] = base;
   }
@@ -632,14 +626,17 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   const PreviousSummary prev = read_previous_summary(summary_file, report);
 
   InputRules rules;
-  rules.exts = parse_extensions(a.extensions);
+  const std::string extensions = a.extensions.empty() ? extension_list(image_extensions()) + "," +
+                                                            extension_list(video_extensions())
+                                                      : a.extensions;
+  rules.exts = parse_extensions(extensions);
   rules.recursive = a.recursive;
   rules.out_dir = a.out_dir;
   rules.previous_outputs = prev.files;
   const ExpandedInputs in = expand_inputs(a.inputs, rules);
   if (in.items.empty() && in.problems.empty()) {
     throw Error(ErrorCode::kInvalidInput,
-                "no inputs (folders are searched for the extensions " + a.extensions +
+                "no inputs (folders are searched for the extensions " + extensions +
                     "; use --recursive for sub-folders" +
                     (in.excluded ? "; " + std::to_string(in.excluded) +
                                        " files of the output folder are outputs, not inputs"

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "sapiens_seg/names.hpp"
 #include "sapiens_seg/options.hpp"
 
 namespace sapiens_seg::cli {
@@ -11,12 +12,12 @@ namespace sapiens_seg::cli {
 struct SegmentArgs {
   std::vector<std::string> inputs;  // files, folders, @lists, "-"
   std::string out_dir;
-  std::string model = "sapiens-seg-0.3b-goliath";
-  int batch = 1;
+  std::string model{default_model()};
+  RunOptions run;   // batch size (the library's option table)
   int workers = 2;  // decode threads and writer threads (each)
   float opacity = 0.5f;
   bool recursive = false;
-  std::string extensions = "jpg,jpeg,png,bmp,webp,tif,tiff,mp4,avi,mov,mkv,webm,m4v";
+  std::string extensions;  // "" : image_extensions() and video_extensions() (inputs.hpp)
   std::string save = "labels,overlay,mask,npy,json";
   std::string overlay_style = "blend";  // or "side-by-side"
   int stride = 1;                       // videos: every Nth frame

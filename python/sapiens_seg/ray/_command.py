@@ -20,6 +20,7 @@ import ray
 import ray.data
 
 from .. import _core
+from ..segmentation import OPTION_SPECS, option_default
 from ..errors import ErrorCode
 from ._segmenter import segment_dataset
 from ._storage import _absolute, _is_uri, _resolve, _write_file
@@ -27,8 +28,8 @@ from ._storage import _absolute, _is_uri, _resolve, _write_file
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-# The CLI's default --ext list, images only (videos are for the CLI).
-_IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+# The CLI's default --ext list, images only (videos are for the CLI): the library's list.
+_IMAGE_EXTS = tuple(_core.image_extensions())
 
 
 def output_names(paths: Sequence[str], output_dir: str = ".") -> list[str]:
@@ -63,24 +64,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="image files, folders, @list.txt (one path per line) or URIs "
                         "(s3://bucket/dir/, ...)")
     p.add_argument("-o", "--output", required=True, help="output folder or URI")
-    p.add_argument("-m", "--model", default="sapiens-seg-0.3b-goliath",
+    p.add_argument("-m", "--model", default=_core.default_model(),
                    help="card id or checkpoint path (default: %(default)s)")
-    names = _core.option_names()  # the library's, as the CLI takes them
-    p.add_argument("--mode", default=names["mode"][0], choices=names["mode"])
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda or cuda:N (default: the actor's GPU when it has one)")
-    p.add_argument("--dtype", default=None, choices=[n for n in names["dtype"] if n != "default"])
-    p.add_argument("--normalization", default=names["normalization"][0],
-                   choices=names["normalization"])
-    p.add_argument("--batch-size", type=int, default=4, help="images per network call")
+    _add_option_flags(p)
     p.add_argument("--concurrency", type=int, default=None,
                    help="actors (each holds a copy of the model; default: as many as fit)")
     p.add_argument("--gpus-per-actor", type=float, default=0.0,
                    help="GPUs reserved per actor (an actor with one runs on it)")
     p.add_argument("--cpus-per-actor", type=float, default=None,
                    help="CPUs reserved per actor (default: 1)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="LibTorch CPU threads per actor (default: its CPUs)")
     p.add_argument("-r", "--recursive", action="store_true", help="search folders recursively")
     p.add_argument("--ext", default=",".join(e[1:] for e in _IMAGE_EXTS),
                    help="file extensions taken from folders (default: %(default)s)")
@@ -91,12 +83,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpus", type=int, default=None, help="local cluster: GPUs")
     p.add_argument("--max-task-retries", type=int, default=3,
                    help="retries of a batch whose actor crashed (default: %(default)s)")
-    p.add_argument("--accept-noncommercial", action="store_true",
-                   help="accept the CC-BY-NC-4.0 licence of the Sapiens v1 weights")
-    p.add_argument("--allow-unverified", action="store_true",
-                   help="load weights whose card has no pinned SHA-256")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     return p
+
+
+# In an actor, these options at their defaults mean the actor's own resources.
+_ACTOR_MEANING = {"device": "the GPU Ray assigned to the actor, else the CPU",
+                  "threads": "the CPUs Ray assigned to the actor"}
+
+
+def _add_option_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per row of the library's option table (load, segment and run options), named
+    and defaulted as the CLI's (``--accept-noncommercial``, ``--batch-size``, ...)."""
+    for spec in OPTION_SPECS:
+        flag = "--" + spec["name"].replace("_", "-")
+        help_text = spec["help"] + (f"; default: {_ACTOR_MEANING[spec['name']]}"
+                                    if spec["name"] in _ACTOR_MEANING else "")
+        default = option_default(spec["name"])
+        if spec["type"] == "bool":
+            p.add_argument(flag, action="store_true", default=default, help=help_text)
+        elif spec["type"] == "int":
+            p.add_argument(flag, type=int, default=default, help=help_text + " (%(default)s)")
+        elif spec["type"] == "choice":
+            p.add_argument(flag, default=default, choices=spec["choices"],
+                           help=help_text + " (%(default)s)")
+        else:
+            p.add_argument(flag, default=default, help=help_text)
+
+
+def _options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed load and segment options by name (run options are the driver's own)."""
+    return {s["name"]: getattr(args, s["name"]) for s in OPTION_SPECS if s["group"] != "run"}
 
 
 def _list_inputs(args: Iterable[str], recursive: bool, ext: str,
@@ -178,9 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             --gpus-per-actor 1 --concurrency 8 --accept-noncommercial
     """
     args = _parser().parse_args(argv)
-    if args.batch_size < 1:
-        print("sapiens-seg-ray: --batch-size must be at least 1", file=sys.stderr)
-        return 2
+    for spec in OPTION_SPECS:
+        value = getattr(args, spec["name"])
+        if spec["type"] == "int" and not spec["min"] <= value <= spec["max"]:
+            print(f"sapiens-seg-ray: --{spec['name'].replace('_', '-')} must be from "
+                  f"{spec['min']} to {spec['max']}", file=sys.stderr)
+            return 2
     found, failed = _list_inputs(args.inputs, args.recursive, args.ext, args.output)
     if not found and not failed:
         print("sapiens-seg-ray: error [invalid_input]: no inputs (folders are searched for "
@@ -236,9 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, batch_size=args.batch_size, concurrency=args.concurrency,
             num_gpus=args.gpus_per_actor, num_cpus=args.cpus_per_actor,
             max_task_retries=args.max_task_retries, output=_absolute(args.output),
-            return_labels=False, mode=args.mode, device=args.device, dtype=args.dtype,
-            normalization=args.normalization, accept_noncommercial=args.accept_noncommercial,
-            allow_unverified=args.allow_unverified, threads=args.threads)
+            return_labels=False, **_options_of(args))
         try:
             status, n_ok, n_failed = _write_summaries(ds, failed, out_fs, out_base, model)
         except Exception as e:  # noqa: BLE001 - the job as a whole failed (Ray says why)

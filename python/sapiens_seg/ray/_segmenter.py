@@ -18,7 +18,8 @@ from .. import _core
 from ..errors import ErrorCode
 from ._storage import _absolute, _is_uri, _resolve, _write_file
 
-LABELS_SUFFIX = "_seg.png"
+LABELS_SUFFIX: str = next(suffix for _, key, suffix, _ in _core.output_kinds()
+                         if key == "labels_png")
 """What follows an image's name in its label PNG's name (as the CLI's ``--save labels``)."""
 
 _INPUT_COLUMNS = ("image", "bytes")  # dropped from the output (large)
@@ -31,11 +32,12 @@ class SapiensSegmenter:
     Args:
         model: a card id (``"sapiens-seg-0.3b-goliath"``) or a checkpoint path readable on every
             node (absolute: actors do not share the driver's working folder).
-        mode, dtype, normalization, accept_noncommercial, allow_unverified: as
-            :func:`sapiens_seg.segmentation.load`.
-        device: ``None``: the GPU Ray assigned to this actor, else the CPU. Or ``"cpu"``,
-            ``"cuda"``, ``"cuda:N"``.
-        threads: LibTorch CPU threads; ``None``: the number of CPUs Ray assigned to the actor.
+        **options: the library's options by name, as :func:`sapiens_seg.segmentation.load`
+            takes them (``mode``, ``dtype``, ``normalization``, ``accept_noncommercial``,
+            ``pipeline``, ``cubic``, ``input_height``, ...). Two have an actor's own meaning
+            when left at their defaults: ``device`` (``None`` or ``""``: the GPU Ray assigned to
+            this actor, else the CPU) and ``threads`` (``None`` or ``0``: the number of CPUs Ray
+            assigned to the actor).
         output: a folder or URI for label PNGs (``None``: none are written).
         filesystem: a ``pyarrow.fs.FileSystem`` for ``output`` and for ``path`` inputs (as Ray
             Data's readers and writers take; an fsspec one wrapped in
@@ -51,20 +53,15 @@ class SapiensSegmenter:
         out["class_pixels"][0]["Hair"], out["error"][1]
     """
 
-    def __init__(self, model: str, *, mode: str = "auto", device: str | None = None,
-                 dtype: str | None = None, normalization: str = "demo",
-                 accept_noncommercial: bool = False, allow_unverified: bool = False,
-                 threads: int | None = None, output: str | None = None,
+    def __init__(self, model: str, *, output: str | None = None,
                  filesystem: pafs.FileSystem | None = None, root: str | None = None,
-                 return_labels: bool = True) -> None:
+                 return_labels: bool = True, **options: Any) -> None:
         from .. import segmentation
 
-        self.device = device if device is not None else _actor_device()
-        self.threads = threads if threads is not None else _assigned_cpus()
-        self.model = segmentation.load(model, mode=mode, device=self.device, dtype=dtype,
-                                       normalization=normalization,
-                                       accept_noncommercial=accept_noncommercial,
-                                       allow_unverified=allow_unverified, threads=self.threads)
+        device, threads = options.pop("device", None), options.pop("threads", None)
+        self.device = device if device else _actor_device()
+        self.threads = threads if threads else _assigned_cpus()
+        self.model = segmentation.load(model, device=self.device, threads=self.threads, **options)
         self.classes: list[str] = list(self.model.info.classes)
         self._filesystem = filesystem
         self._fs_cache: dict[tuple[str, str], tuple[pafs.FileSystem, str]] = {}
@@ -83,27 +80,28 @@ class SapiensSegmenter:
         paths = batch.get("path")
         names = batch.get("name")
 
-        # Decode one by one (a bad image fails its row), then segment what decoded in one call.
-        pixels: list[np.ndarray | None] = [None] * n
+        # The library's two halves: each row prepared (decoded, resized, normalised) on its own,
+        # so a bad image fails its row only, then what was prepared run as one network batch
+        # (Ray's batch is the network batch: map_batches(batch_size=)).
+        prepared: list[Any] = [None] * n
         errors: list[tuple[str, str] | None] = [None] * n
         for i in range(n):
             try:
-                pixels[i] = self._decode(source, batch[source][i])
+                prepared[i] = self.model.prepare(self._item(source, batch[source][i]))
             except Exception as e:  # noqa: BLE001 - recorded in the row
                 errors[i] = _describe(e)
         results: list[Any] = [None] * n
-        todo = [i for i in range(n) if pixels[i] is not None]
+        todo = [i for i in range(n) if prepared[i] is not None]
         try:
-            # Ray's batch is the network batch (map_batches(batch_size=)).
-            for i, r in zip(todo, self.model([pixels[i] for i in todo],
-                                             batch_size=max(1, len(todo)))):
+            for i, r in zip(todo, self.model.run([prepared[i] for i in todo])):
                 results[i] = r
-        except Exception:  # noqa: BLE001 - one image the network refuses (too small, ...)
-            for i in todo:  # ... must not cost the others: again one at a time
+        except Exception:  # noqa: BLE001 - a failed batch (out of memory, ...) ...
+            for i in todo:  # ... must not cost every row: again one at a time
                 try:
-                    results[i] = self.model(pixels[i])
+                    results[i] = self.model.run([prepared[i]])[0]
                 except Exception as e:  # noqa: BLE001
                     errors[i] = _describe(e)
+        del prepared
 
         labels_col = _objects(n)
         height = np.zeros(n, np.int32)
@@ -149,8 +147,9 @@ class SapiensSegmenter:
 
     # -- helpers --
 
-    def _decode(self, source: str, value: Any) -> np.ndarray:
-        from .. import segmentation
+    def _item(self, source: str, value: Any) -> Any:
+        """What the model is given for one row: pixels, encoded bytes or a local path (the
+        library decodes files and bytes as the CLI does); a URI's bytes are read here."""
         from ..errors import InvalidInputError
 
         if source == "image":
@@ -167,13 +166,13 @@ class SapiensSegmenter:
                 raise InvalidInputError(f"image: expected HxWx3 RGB pixels, got shape {a.shape}")
             return a
         if source == "bytes":
-            return segmentation.read_image(bytes(value))
+            return bytes(value)
         path = str(value)
         if _is_uri(path) or self._filesystem is not None:
             fs, p = self._input_fs(path)
             with fs.open_input_stream(p) as f:
-                return segmentation.read_image(f.read())
-        return segmentation.read_image(path)  # the CLI's own file decoding
+                return f.read()
+        return path  # the CLI's own file decoding
 
     def _input_fs(self, path: str) -> tuple[pafs.FileSystem, str]:
         if self._filesystem is not None:
@@ -203,7 +202,7 @@ class SapiensSegmenter:
         return prefix + target
 
 
-def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int = 8,
+def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int | None = None,
                     concurrency: int | tuple[int, int] | None = None, num_gpus: float = 0,
                     num_cpus: float | None = None, max_restarts: int = -1,
                     max_task_retries: int = 3, output: str | None = None,
@@ -215,7 +214,8 @@ def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int = 8,
     Args:
         ds: rows with ``image``, ``bytes`` or ``path`` (and optionally ``name``).
         model: a card id or a checkpoint path (made absolute here when it is a local file).
-        batch_size: images per network call (per actor).
+        batch_size: images per network call (per actor); ``None``: the library's default
+            (``segmentation.DEFAULT_BATCH_SIZE``).
         concurrency: the actor pool: ``n`` actors, or ``(min, max)`` to autoscale; ``None``:
             Ray Data's default (from one to as many as the cluster's resources allow). Each
             actor holds one copy of the model. A fixed pool whose actors take every CPU of the
@@ -228,8 +228,9 @@ def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int = 8,
         output: folder or URI for label PNGs (a relative local folder is made absolute here,
             unless ``filesystem=`` is given).
         segmenter_cls: a subclass of :class:`SapiensSegmenter` to use instead.
-        **segmenter_kwargs: for :class:`SapiensSegmenter` (``mode``, ``device``, ``dtype``,
-            ``accept_noncommercial``, ``filesystem``, ``root``, ``return_labels``, ...).
+        **segmenter_kwargs: for :class:`SapiensSegmenter` (the library's options by name:
+            ``mode``, ``device``, ``dtype``, ``accept_noncommercial``, ...; and ``filesystem``,
+            ``root``, ``return_labels``).
 
     Example::
 
@@ -237,6 +238,9 @@ def segment_dataset(ds: ray.data.Dataset, model: str, *, batch_size: int = 8,
                               "model.pt2", output="labels/", batch_size=4, concurrency=2)
         bad = out.filter(lambda row: row["error"] is not None).take_all()
     """
+    if batch_size is None:
+        from ..segmentation import DEFAULT_BATCH_SIZE
+        batch_size = DEFAULT_BATCH_SIZE
     if isinstance(model, os.PathLike) or os.path.exists(model):
         model = os.path.abspath(os.fspath(model))
     if segmenter_kwargs.get("filesystem") is None:  # else paths are on that filesystem
