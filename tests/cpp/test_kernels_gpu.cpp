@@ -678,8 +678,8 @@ TEST_P(GpuParity, PortableAndKernelsInFloat16MatchTheReference) {
   const std::string name = GetParam();
   const fs::path file = test::fixture(name + "_torchscript.pt2");
   if (!fs::exists(file)) {
-    GTEST_SKIP() << file << " not built (tools/make_fixtures.py --only " << name
-                 << ", or tools/gpu_fixtures.py on the GPU machine)";
+    GTEST_SKIP() << file << " not built (tests/fixtures/make_fixtures.py --only " << name
+                 << ", or tests/fixtures/gpu.py on the GPU machine)";
   }
   const core::TorchScriptCheckpoint ckpt = core::open_torchscript(file.string());
   ASSERT_TRUE(ckpt.heads_from_graph.has_value());
@@ -872,7 +872,7 @@ TEST(GpuParityV2, PortableAndKernelsInFloat16MatchTheFloat32Network) {
   REQUIRE_GPU();
   const fs::path file = test::fixture("s2_tiny.safetensors");
   if (!fs::exists(file)) {
-    GTEST_SKIP() << file << " not built (tools/sapiens2_fixtures.py, or tools/gpu_fixtures.py "
+    GTEST_SKIP() << file << " not built (tests/fixtures/sapiens2.py, or tests/fixtures/gpu.py "
                  << "--only s2_tiny on the GPU machine)";
   }
   const core::TensorMap t = s2_tensors(file);

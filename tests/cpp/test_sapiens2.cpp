@@ -1,5 +1,5 @@
 // Sapiens2: the native network against the project's PyTorch reference of the authors' module
-// tree (tools/sapiens2_reference.py), stage by stage so that a failure says where; the key-name
+// tree (tests/reference/sapiens2.py), stage by stage so that a failure says where; the key-name
 // mapping of Hugging Face files; strict refusal of malformed checkpoints.
 #include <gtest/gtest.h>
 
