@@ -361,16 +361,13 @@ class Model:
                 return []
         else:
             items = [_to_item(x, "x")]
+        is_list = isinstance(x, (list, tuple))
         results: list[Result] = []
         for start in range(0, len(items), size):
             chunk = items[start:start + size]
-            try:
-                natives = self._native.segment([item for item, _ in chunk], seg)
-            except Exception as e:
-                # The native layer numbers items within its chunk: renumber them in the list.
-                if start and len(items) > 1:
-                    _renumber(e, start)
-                raise
+            # A failed item of a list names itself by its index in the list ("x[12]: ...").
+            natives = self._native.segment([item for item, _ in chunk], seg,
+                                           start if is_list else -1)
             results.extend(Result(n, image) for n, (_, image) in zip(natives, chunk))
         return results if isinstance(x, (list, tuple)) else results[0]
 
@@ -437,15 +434,6 @@ class Prepared:
 
     def __repr__(self) -> str:
         return f"Prepared({self.width}x{self.height})"
-
-
-def _renumber(e: BaseException, offset: int) -> None:
-    """Rewrites the leading ``x[i]:`` of a native error to the item's index in the whole list."""
-    if not e.args or not isinstance(e.args[0], str):
-        return
-    m = re.match(r"x\[(\d+)\]: ", e.args[0])
-    if m:
-        e.args = (f"x[{int(m.group(1)) + offset}]: " + e.args[0][m.end():],) + e.args[1:]
 
 
 def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any = None,
