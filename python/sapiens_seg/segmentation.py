@@ -695,6 +695,9 @@ def _rgb_array(a: np.ndarray, where: str) -> np.ndarray:
                         "(convert with .astype(numpy.uint8) if the values are 0-255)")
     if a.ndim != 3 or a.shape[2] != 3:
         raise InvalidInputError(f"{where}: expected an HxWx3 RGB array, got shape {a.shape}")
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise InvalidInputError(f"{where}: the image is empty ({a.shape[1]}x{a.shape[0]} pixels; "
+                                "both sides must be at least 32)")
     s = a.strides
     if not (s[2] == 1 and s[1] == 3 and s[0] >= 3 * a.shape[1]):
         a = np.ascontiguousarray(a)
@@ -759,6 +762,12 @@ def _to_item(x: Any, where: str) -> tuple[tuple[int, Any], np.ndarray | None]:
                 f"{where}: expected an HxWx3 (HWC) tensor, got shape {tuple(x.shape)}"
                 + (" (for CHW use .permute(1, 2, 0))" if x.dim() == 3 and x.shape[0] == 3 else ""))
         t = x.detach()
+        if t.device.type == "meta":
+            raise InvalidInputError(f"{where}: a tensor on the 'meta' device has no pixels (only "
+                                    "a shape); make it on the CPU or a GPU")
+        if t.layout != torch.strided:
+            raise InvalidInputError(f"{where}: expected a dense tensor, got layout {t.layout} "
+                                    "(use .to_dense())")
         if t.device.type != "cpu":
             t = t.cpu()
         a = _rgb_array(t.numpy(), where)
