@@ -117,6 +117,11 @@ void run_images(const Model& model, const std::vector<ImageJob>& jobs, const Seg
           if (!reported[static_cast<std::size_t>(s->job - jobs.data())].exchange(true)) {
             report.ok(s->job->path, std::move(entry));
           }
+        } catch (const OutputsFailed& e) {
+          // Disk full, a file size limit: this input is an error listing the files it got.
+          if (!reported[static_cast<std::size_t>(s->job - jobs.data())].exchange(true)) {
+            report.output_failed(s->job->path, e, e.written);
+          }
         } catch (...) {
           failed(s->job,
                  as_error(std::current_exception(), "writing the outputs of " + s->job->path));

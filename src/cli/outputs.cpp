@@ -86,43 +86,48 @@ nlohmann::json write_outputs(const Result& r, ImageView image, const OutputNames
                              const SaveSet& save, OverlayStyle style, float opacity) {
   nlohmann::json outputs = nlohmann::json::object();
   const std::vector<std::int64_t> shape = {r.height, r.width};
-  if (save.labels) {
-    const cv::Mat labels(r.height, r.width, CV_8U, const_cast<std::uint8_t*>(r.labels.data()));
-    write_image(names.labels_png, labels);
-    put_path(outputs, "labels_png", names.labels_png);
-  }
-  if (save.overlay) {
-    write_image(names.overlay, overlay_bgr(r, image, style, opacity));
-    put_path(outputs, "overlay", names.overlay);
-  }
-  if (save.npy) {  // int64, as the demo saves it: 8 bytes a pixel, so converted piece by piece
-    std::size_t at = 0;
-    write_npy(names.labels_npy, "<i8", 8, shape, [&](void* buf, std::size_t n) {
-      auto* out = static_cast<std::int64_t*>(buf);
-      for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k];
-      at += n;
-      return n;
-    });
-    put_path(outputs, "labels_npy", names.labels_npy);
-  }
-  if (save.mask) {
-    std::size_t at = 0;
-    write_npy(names.mask_npy, "|b1", 1, shape, [&](void* buf, std::size_t n) {
-      auto* out = static_cast<std::uint8_t*>(buf);
-      for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k] != 0 ? 1 : 0;
-      at += n;
-      return n;
-    });
-    put_path(outputs, "mask_npy", names.mask_npy);
-  }
-  const auto classes = static_cast<std::int64_t>(r.classes.size());
-  if (save.logits) {
-    write_floats(names.logits_npy, r.logits, {classes, r.height, r.width});
-    put_path(outputs, "logits_npy", names.logits_npy);
-  }
-  if (save.raw_logits) {
-    write_floats(names.raw_logits_npy, r.raw_logits, {classes, r.raw_height, r.raw_width});
-    put_path(outputs, "raw_logits_npy", names.raw_logits_npy);
+  try {
+    if (save.labels) {
+      const cv::Mat labels(r.height, r.width, CV_8U, const_cast<std::uint8_t*>(r.labels.data()));
+      write_image(names.labels_png, labels);
+      put_path(outputs, "labels_png", names.labels_png);
+    }
+    if (save.overlay) {
+      write_image(names.overlay, overlay_bgr(r, image, style, opacity));
+      put_path(outputs, "overlay", names.overlay);
+    }
+    if (save.npy) {  // int64, as the demo saves it: 8 bytes a pixel, so converted piece by piece
+      std::size_t at = 0;
+      write_npy(names.labels_npy, "<i8", 8, shape, [&](void* buf, std::size_t n) {
+        auto* out = static_cast<std::int64_t*>(buf);
+        for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k];
+        at += n;
+        return n;
+      });
+      put_path(outputs, "labels_npy", names.labels_npy);
+    }
+    if (save.mask) {
+      std::size_t at = 0;
+      write_npy(names.mask_npy, "|b1", 1, shape, [&](void* buf, std::size_t n) {
+        auto* out = static_cast<std::uint8_t*>(buf);
+        for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k] != 0 ? 1 : 0;
+        at += n;
+        return n;
+      });
+      put_path(outputs, "mask_npy", names.mask_npy);
+    }
+    const auto classes = static_cast<std::int64_t>(r.classes.size());
+    if (save.logits) {
+      write_floats(names.logits_npy, r.logits, {classes, r.height, r.width});
+      put_path(outputs, "logits_npy", names.logits_npy);
+    }
+    if (save.raw_logits) {
+      write_floats(names.raw_logits_npy, r.raw_logits, {classes, r.raw_height, r.raw_width});
+      put_path(outputs, "raw_logits_npy", names.raw_logits_npy);
+    }
+  } catch (...) {
+    throw OutputsFailed(as_error(std::current_exception(), "writing the outputs"),
+                        std::move(outputs));
   }
   return {{"height", r.height},
           {"width", r.width},

@@ -14,11 +14,20 @@ class Mat;
 
 namespace sapiens_seg::cli {
 
+// What write_outputs throws when a file cannot be written (disk full, a file size limit): the
+// error, and the outputs of that input written whole before it ({"labels_png": path, ...}).
+struct OutputsFailed : Error {
+  OutputsFailed(const Error& e, nlohmann::json written_outputs)
+      : Error(e), written(std::move(written_outputs)) {}
+  nlohmann::json written;
+};
+
 // --save: which files to write.
 // Writes the selected files, each atomically (files.hpp), and returns the per-image JSON entry
 // (size, outputs, backend, timings, pixel count per class present). Memory: besides the image
 // and its labels, at most one full-size picture (the overlay, in the encoder's BGR order) and
-// buffers of a few MB; the .npy files are written in pieces.
+// its encoded file, and buffers of a few MB; the .npy files are written in pieces. A file that
+// cannot be written throws OutputsFailed.
 nlohmann::json write_outputs(const Result& result, ImageView image, const OutputNames& names,
                              const SaveSet& save, OverlayStyle style, float opacity);
 

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -41,13 +43,29 @@ void Reporter::ok(const std::string& input, nlohmann::json entry) {
   draw();
 }
 
-void Reporter::failed(const std::string& input, const Error& e) {
-  nlohmann::json entry = nlohmann::json::object();
+void Reporter::failed(const std::string& input, const Error& e, const nlohmann::json& extra) {
+  std::lock_guard<std::mutex> lock(mu_);
+  error_entry(input, e, extra);
+}
+
+void Reporter::output_failed(const std::string& input, const Error& e,
+                             const nlohmann::json& written, const nlohmann::json& extra) {
+  nlohmann::json entry = extra;
+  entry["outputs"] = written.is_object() ? written : nlohmann::json::object();
+  std::lock_guard<std::mutex> lock(mu_);
+  error_entry(input, e, std::move(entry));
+  if (e.code() == ErrorCode::kIo) {
+    ++outputs_failed_;
+    status_ = exit_status(ErrorCode::kIo);
+  }
+}
+
+void Reporter::error_entry(const std::string& input, const Error& e, nlohmann::json entry) {
+  if (!entry.is_object()) entry = nlohmann::json::object();
   put_path(entry, "input", input);
   entry["status"] = "error";
   entry["error"] = std::string(to_string(e.code()));
   entry["message"] = display_text(e.what());  // the message names the path too
-  std::lock_guard<std::mutex> lock(mu_);
   clear_bar();
   std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                plain_text(e.what()).c_str());
@@ -75,7 +93,8 @@ void Reporter::run_failed(const Error& e) {
   clear_bar();
   std::fprintf(stderr, "sapiens-seg: error [%s]: %s\n", std::string(to_string(e.code())).c_str(),
                plain_text(e.what(), /*keep_newlines=*/true).c_str());
-  if (status_ == 0) status_ = exit_status(e.code());
+  // An I/O error (summary.json cannot be written) is status 19 whatever failed before.
+  if (status_ == 0 || e.code() == ErrorCode::kIo) status_ = exit_status(e.code());
 }
 
 void Reporter::frames(const std::string& input, std::int64_t done, std::int64_t total) {
@@ -104,8 +123,21 @@ void Reporter::finish() {
 
 void Reporter::out(const std::string& line) {
   if (!std::cout.good()) return;
+  errno = 0;
   std::cout << line << "\n" << std::flush;
-  if (!std::cout.good()) request_stop(SIGPIPE);
+  if (std::cout.good()) return;
+  const int err = errno;
+  if (err == EPIPE) {
+    request_stop(SIGPIPE);
+    return;
+  }
+  // Not a reader that went away: the stream's file cannot be written (ENOSPC, EFBIG, EIO).
+  // The other outputs may still be written; the run goes on and ends with status 19.
+  stdout_error_ = std::string("cannot write to stdout (") +
+                  (err ? std::strerror(err) : "write failed") +
+                  "); the lines after this point are missing from it, summary.json has them";
+  std::fprintf(stderr, "sapiens-seg: error [io_error]: %s\n", stdout_error_.c_str());
+  status_ = exit_status(ErrorCode::kIo);
 }
 
 std::string Reporter::first_output(const nlohmann::json& e) {

@@ -23,7 +23,14 @@ class Reporter {
 
   void set_total(std::size_t total);
   void ok(const std::string& input, nlohmann::json entry);
-  void failed(const std::string& input, const Error& e);
+  // `extra`: fields added to the error entry (for a video, the frames read before the error).
+  void failed(const std::string& input, const Error& e,
+              const nlohmann::json& extra = nlohmann::json::object());
+  // An input whose outputs could not all be written (disk full, a file size limit, an I/O
+  // error): its error entry lists under "outputs" the files written whole before the failure
+  // (they stay), and an I/O error makes the run's exit status 19 whatever failed before.
+  void output_failed(const std::string& input, const Error& e, const nlohmann::json& written,
+                     const nlohmann::json& extra = nlohmann::json::object());
   void skipped(const std::string& input);
 
   // A failure of the run itself (not of one input): reported once, sets the exit status.
@@ -39,6 +46,10 @@ class Reporter {
 
   int status() const { return status_; }
   std::size_t failed_count() const { return failed_; }
+  std::size_t outputs_failed_count() const { return outputs_failed_; }
+  // Why stdout (the result lines, --json) could not be written, other than a closed pipe (a
+  // redirection to a full disk): "" when it could. The run goes on; its exit status is 19.
+  std::string stdout_error() const { return stdout_error_; }
   // Entries of the inputs this run segmented or failed, in the order they finished, each as its
   // compact JSON text: a parsed nlohmann::json entry costs ~10x its text (a node per value), and
   // a folder run of millions of images must not grow by kilobytes per image.
@@ -49,13 +60,16 @@ class Reporter {
  private:
   // One line on stdout. A reader that has gone (`--json | head -1`) stops the run as a signal
   // does: SIGPIPE is ignored (stop.hpp), so the write fails with EPIPE instead of killing us.
+  // Any other failure (a redirection to a full disk) is an I/O error of the run (stdout_error).
   void out(const std::string& line);
   static std::string first_output(const nlohmann::json& e);
   void clear_bar();
+  void error_entry(const std::string& input, const Error& e, nlohmann::json entry);
   void draw();
 
   std::mutex mu_;
-  std::size_t total_, done_ = 0, failed_ = 0;
+  std::size_t total_, done_ = 0, failed_ = 0, outputs_failed_ = 0;
+  std::string stdout_error_;
   const SegmentArgs& args_;
   bool tty_, bar_shown_ = false;
   int status_ = 0;

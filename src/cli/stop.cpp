@@ -46,6 +46,10 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // A file size limit (ulimit -f, RLIMIT_FSIZE, as batch schedulers set it) would kill the
+  // process with SIGXFSZ at the first write past it, leaving a temporary file and no summary:
+  // ignored, the write fails with EFBIG instead, and that output's input is an I/O error.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 std::atomic<bool>& stop_flag() {

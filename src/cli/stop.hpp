@@ -12,7 +12,8 @@
 namespace sapiens_seg::cli {
 
 // Installs the handlers (and ignores SIGPIPE, so that a closed stdout is an EPIPE error that the
-// writer sees rather than a death by signal). Call once, before any thread starts.
+// writer sees rather than a death by signal, and SIGXFSZ, so that a write past the file size
+// limit fails with EFBIG and is reported). Call once, before any thread starts.
 void install_stop_handlers();
 
 // The flag every stage polls (also handed to downloads as their cancel flag).
