@@ -211,7 +211,7 @@ std::string path_identity(const std::string& path) {
 
 std::set<std::string> reserved_names(const std::vector<NameRequest>& requests,
                                      const std::string& out_dir) {
-  std::set<std::string> reserved = {"summary.json", ".sapiens-seg-write-test"};
+  std::set<std::string> reserved = {"summary.json", ".sapiens-seg-write-test", ".sapiens-seg.lock"};
   const std::string out_key = path_identity(out_dir);
   for (const auto& r : requests) {
     if (fs::path(r.identity).parent_path().string() == out_key) {

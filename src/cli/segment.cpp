@@ -122,11 +122,21 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   const fs::path summary_file = fs::path(a.out_dir) / "summary.json";
   // The counts are known only once the inputs are: the reporter starts with none.
   Reporter report(0, a);
+
+  // 1. A writable output folder (before gigabytes are loaded), ours alone for the run: a second
+  // run into it stops here, before it has read the summary.json that this run will rewrite.
+  prepare_out_dir(a.out_dir);
+  const OutDirLock lock(a.out_dir);
+  if (!lock.unsupported().empty()) report.warn(lock.unsupported());
+  if (const std::size_t n = remove_stale_temp_files(a.out_dir); n > 0) {
+    report.warn("removed " + std::to_string(n) + " temporary file" + (n == 1 ? "" : "s") +
+                " that an earlier run left in " + a.out_dir +
+                " when it was killed (kill -9, a crash, a power loss)");
+  }
   const PreviousSummary prev = read_previous_summary(summary_file, report);
 
-  // 1. The inputs, and a writable output folder (before gigabytes are loaded).
+  // 2. The inputs.
   const ExpandedInputs in = list_inputs(a, prev);
-  prepare_out_dir(a.out_dir);
   report.set_total(in.items.size() + in.problems.size());
   for (const auto& note : in.notes) report.warn(note);
   if (in.excluded > 0) {
@@ -137,7 +147,7 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   for (const auto& p : in.problems) report.failed(p.path, Error(p.code, p.message));
   if (in.items.empty()) return report.status();
 
-  // 2. Every output name, and the inputs no output may replace.
+  // 3. Every output name, and the inputs no output may replace.
   std::vector<OutputNames> names = name_outputs(a, in, prev, style);
   {
     std::vector<std::string> paths;
@@ -146,7 +156,7 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
     protect_inputs(paths);
   }
 
-  // 3. The model, then the images (in batches) and the videos (one by one).
+  // 4. The model, then the images (in batches) and the videos (one by one).
   const Model model = load(a.model, load_options);
   std::vector<ImageJob> jobs;
   std::vector<std::pair<std::string, OutputNames>> videos;
@@ -167,17 +177,28 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   }
   report.finish();
 
-  // 4. The summary (a resumed run keeps the previous entries it did not replace).
-  if (save.json) {
-    std::vector<std::string> merged;
-    if (a.skip_existing) {
-      for (const auto& e :
-           merge_summaries(prev.images, report.summary(), report.skipped_entries())) {
-        merged.push_back(dump_json(e));
+  // 5. The summary (a resumed run keeps the previous entries it did not replace). Every file
+  // is on disk under its name once the run ends: the files' data when each is written, the
+  // folder's names here.
+  try {
+    if (save.json) {
+      std::vector<std::string> merged;
+      if (a.skip_existing) {
+        for (const auto& e :
+             merge_summaries(prev.images, report.summary(), report.skipped_entries())) {
+          merged.push_back(dump_json(e));
+        }
       }
+      nlohmann::json head = summary_head(model, in.excluded, cancel);
+      if (!report.stdout_error().empty()) head["stdout_error"] = report.stdout_error();
+      if (report.outputs_failed_count() > 0) {
+        head["outputs_failed"] = report.outputs_failed_count();
+      }
+      write_summary(summary_file.string(), head, a.skip_existing ? merged : report.summary());
     }
-    write_summary(summary_file.string(), summary_head(model, in.excluded, cancel),
-                  a.skip_existing ? merged : report.summary());
+    sync_dir(a.out_dir);
+  } catch (...) {
+    report.run_failed(as_error(std::current_exception(), "writing " + summary_file.string()));
   }
   if (cancel) {
     const int sig = stop_signal() ? stop_signal() : SIGINT;
@@ -190,6 +211,12 @@ int run_segment(const SegmentArgs& a, const LoadOptions& load_options) {
   if (report.failed_count() > 0 && !a.quiet) {
     std::fprintf(stderr, "sapiens-seg: %zu of %zu inputs failed\n", report.failed_count(),
                  in.items.size() + in.problems.size());
+  }
+  if (report.outputs_failed_count() > 0) {
+    std::fprintf(stderr,
+                 "sapiens-seg: the outputs of %zu inputs could not all be written (see above); "
+                 "only complete files were kept, and those inputs are errors in the summary\n",
+                 report.outputs_failed_count());
   }
   return report.status();
 }
