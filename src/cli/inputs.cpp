@@ -1,5 +1,7 @@
 #include "inputs.hpp"
 
+#include <climits>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -48,6 +50,16 @@ void add_lines(std::istream& in, std::vector<std::string>& out) {
     line = trim(line);
     if (!line.empty() && line[0] != '#') out.push_back(line);
   }
+}
+
+// An error of access in words; a path too long for the system names the limit.
+std::string access_error(const std::error_code& ec, const fs::path& p) {
+  if (ec == std::errc::filename_too_long) {
+    return ec.message() + " (the path is " + std::to_string(p.native().size()) +
+           " bytes; this system opens paths of at most " + std::to_string(PATH_MAX) +
+           " bytes, and names of at most " + std::to_string(NAME_MAX) + ")";
+  }
+  return ec.message();
 }
 
 std::string kind_of(fs::file_type t) {
@@ -143,7 +155,7 @@ class Expander {
       fs::directory_iterator it(dir, ec), end;
       if (ec) {
         problem(dir.string(), ErrorCode::kIo,
-                "cannot read the folder " + dir.string() + ": " + ec.message() +
+                "cannot read the folder " + dir.string() + ": " + access_error(ec, dir) +
                     "; its files are not inputs of this run");
         continue;
       }
@@ -151,6 +163,16 @@ class Expander {
         const fs::directory_entry& e = *it;
         std::error_code sec;
         const fs::file_status link = e.symlink_status(sec);
+        if (sec && sec != std::errc::no_such_file_or_directory) {
+          // Cannot even tell what it is (a path longer than PATH_MAX: ENAMETOOLONG): a folder
+          // or an input that is not searched is said, never dropped in silence.
+          if (!rules_.recursive && !rules_.exts.count(lower_ext(e.path()))) continue;
+          problem(e.path().string(), ErrorCode::kIo,
+                  "cannot access " + e.path().string() + ": " + access_error(sec, e.path()) +
+                      "; it is not an input of this run" +
+                      (rules_.recursive ? " (nor searched, if it is a folder)" : ""));
+          continue;
+        }
         if (link.type() == fs::file_type::directory) {
           if (!rules_.recursive) continue;
           if (!out_key_.empty() && path_identity(e.path()) == out_key_) {
@@ -179,7 +201,7 @@ class Expander {
                       " is a symbolic link to a file that does not exist");
         } else if (sec) {
           problem(e.path().string(), ErrorCode::kIo,
-                  "cannot access input " + e.path().string() + ": " + sec.message());
+                  "cannot access input " + e.path().string() + ": " + access_error(sec, e.path()));
         } else if (st.type() != fs::file_type::directory) {
           refuse(e.path().string(), st.type());
         }
