@@ -1,11 +1,14 @@
 // Pieces of the CLI: how paths that are not UTF-8 are written into JSON, plain text for
 // terminals, the output-name registry, and which files are inputs.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,7 +19,9 @@
 #include "cli/files.hpp"
 #include "cli/inputs.hpp"
 #include "cli/json_paths.hpp"
+#include "cli/mp4_meta.hpp"
 #include "cli/naming.hpp"
+#include "cli/stop.hpp"
 #include "test_util.hpp"
 
 using namespace sapiens_seg::cli;
@@ -449,4 +454,186 @@ TEST(UnitCliFiles, NpyIsWhatNumPyReadsWrittenInPieces) {
     EXPECT_EQ(e.path().filename(), "a.npy") << "left behind: " << e.path();
   }
   fs::remove_all(d);
+}
+
+// ---- issue 39: writes that fail, the output folder's lock, killed runs, long paths, MP4 facts ----
+
+namespace {
+std::vector<std::uint8_t> from_hex(const std::string& h) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2) {
+    out.push_back(static_cast<std::uint8_t>(std::stoi(h.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+}  // namespace
+
+// Under a file size limit (RLIMIT_FSIZE, `ulimit -f`) a write fails with EFBIG and is an I/O
+// error naming the limit; with SIGXFSZ ignored (install_stop_handlers) the process lives, and
+// neither the file nor its temporary file is left. In a child process: the limit and the
+// handlers are process-wide.
+TEST(UnitCliFiles, AFileSizeLimitIsAnErrorThatLeavesNothing) {
+  namespace fs = std::filesystem;
+  const fs::path d = sapiens_seg::test::scratch_dir("cli_fsize");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    install_stop_handlers();
+    const struct rlimit lim {1000, 1000};
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    int status = 0;
+    const std::string big(5000, 'x');
+    try {
+      write_file((d / "big.bin").string(), big.data(), big.size());
+      status = 1;  // no error
+    } catch (const sapiens_seg::Error& e) {
+      const std::string m = e.what();
+      if (e.code() != ErrorCode::kIo || m.find("File too large") == std::string::npos ||
+          m.find("1000 bytes") == std::string::npos || m.find("big.bin") == std::string::npos) {
+        status = 2;
+      }
+    }
+    try {
+      write_file((d / "small.bin").string(), big.data(), 500);  // under the limit: written
+    } catch (...) {
+      status = 3;
+    }
+    ::_exit(status);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"small.bin"});
+  fs::remove_all(d);
+}
+
+// One run at a time writes into a folder: a second lock (another process, or here another open
+// of the file) is refused with the holder's pid and the lock's path; the lock goes with its
+// holder, and the next run takes it.
+TEST(UnitCliFiles, TheOutputFolderLockIsExclusiveAndNamesItsHolder) {
+  namespace fs = std::filesystem;
+  const fs::path d = sapiens_seg::test::scratch_dir("cli_lock");
+  {
+    const OutDirLock first(d.string());
+    EXPECT_EQ(first.unsupported(), "");
+    EXPECT_TRUE(fs::exists(d / lock_file_name()));
+    sapiens_seg::test::expect_error([&] { OutDirLock second(d.string()); }, ErrorCode::kIo,
+                                    {"another sapiens-seg run", "pid " + std::to_string(::getpid()),
+                                     ".sapiens-seg.lock"});
+  }
+  EXPECT_FALSE(fs::exists(d / lock_file_name()));
+  { const OutDirLock again(d.string()); }
+  fs::remove_all(d);
+}
+
+// What a killed run leaves (<file>.tmp<pid><ext of file>, <base>_overlay.partial.mp4, in the
+// folder and its <base>_frames folders) is removed by the next run; files of other names stay.
+TEST(UnitCliFiles, StaleTemporaryFilesAreRemovedAndNothingElse) {
+  namespace fs = std::filesystem;
+  EXPECT_TRUE(is_temp_file_name("x_seg.png.tmp123.png"));
+  EXPECT_TRUE(is_temp_file_name("x.npy.tmp7.npy"));
+  EXPECT_TRUE(is_temp_file_name("summary.json.tmp42.json"));
+  EXPECT_TRUE(is_temp_file_name(".sapiens-seg-write-test.tmp99"));
+  EXPECT_TRUE(is_temp_file_name("clip_overlay.partial.mp4"));
+  EXPECT_FALSE(is_temp_file_name("holiday.tmp2023"));
+  EXPECT_FALSE(is_temp_file_name("notes.tmp1.txt"));
+  EXPECT_FALSE(is_temp_file_name("x_seg.png.tmp.png"));
+  EXPECT_FALSE(is_temp_file_name("x_seg.png"));
+  const fs::path d = sapiens_seg::test::scratch_dir("cli_stale");
+  fs::create_directories(d / "clip_frames");
+  fs::create_directories(d / "photos");
+  for (const fs::path& p : {d / "a_seg.png.tmp5.png", d / "clip_overlay.partial.mp4",
+                            d / "clip_frames" / "frame_000001_seg.png.tmp5.png",
+                            d / "photos" / "b_seg.png.tmp5.png", d / "holiday.tmp2023",
+                            d / "a_seg.png"}) {
+    std::ofstream(p) << "x";
+  }
+  EXPECT_EQ(remove_stale_temp_files(d.string()), 3u);
+  EXPECT_TRUE(fs::exists(d / "holiday.tmp2023"));
+  EXPECT_TRUE(fs::exists(d / "a_seg.png"));
+  EXPECT_TRUE(fs::exists(d / "photos" / "b_seg.png.tmp5.png"));  // not a folder of ours
+  fs::remove_all(d);
+}
+
+// A folder walk that meets a path longer than PATH_MAX reports it as an error entry; it was
+// dropped without a word (the folder's type could not be read, and it has no image extension).
+TEST(UnitCliInputs, APathLongerThanPathMaxIsReportedNotDropped) {
+  namespace fs = std::filesystem;
+  const fs::path d = sapiens_seg::test::scratch_dir("cli_long");
+  std::ofstream(d / "top.png") << "x";
+  const std::string name(200, 'd');
+  int dir = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(dir, 0);
+  for (int i = 0; i < 25; ++i) {  // 25 x 201 bytes
+    ASSERT_EQ(::mkdirat(dir, name.c_str(), 0755), 0);
+    const int next = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY);
+    ::close(dir);
+    dir = next;
+    ASSERT_GE(dir, 0);
+  }
+  const int f = ::openat(dir, "deep.png", O_WRONLY | O_CREAT, 0644);
+  ASSERT_GE(f, 0);
+  ::close(f);
+  ::close(dir);
+  InputRules rules;
+  rules.exts = {".png"};
+  rules.recursive = true;
+  const ExpandedInputs in = expand_inputs({d.string()}, rules);
+  ASSERT_EQ(in.items.size(), 1u);
+  EXPECT_EQ(fs::path(in.items[0].path).filename(), "top.png");
+  ASSERT_EQ(in.problems.size(), 1u);
+  EXPECT_EQ(in.problems[0].code, ErrorCode::kIo);
+  EXPECT_NE(in.problems[0].message.find("File name too long"), std::string::npos);
+  EXPECT_NE(in.problems[0].message.find("at most 4096 bytes"), std::string::npos);
+  EXPECT_GT(in.problems[0].path.size(), 4096u);
+  // Without --recursive the walk has nothing to say about sub-folders.
+  rules.recursive = false;
+  EXPECT_TRUE(expand_inputs({d.string()}, rules).problems.empty());
+  // std::filesystem cannot remove what it cannot name: `rm -rf` works relative to each folder.
+  ASSERT_EQ(std::system(("rm -rf " + d.string()).c_str()), 0);
+}
+
+// The MP4 facts the CLI reads itself: the display matrix as players apply it, and picture sizes
+// from H.264 and HEVC sequence parameter sets (cropped: 1080 lines are coded as 1088).
+TEST(UnitCliMp4, DisplayMatricesAndParameterSetSizes) {
+  using namespace sapiens_seg::cli::mp4;
+  auto matrix = [](int a, int b, int c, int d) {
+    std::vector<std::uint8_t> m(36, 0);
+    auto put = [&](int at, std::int32_t v) {
+      const auto u = static_cast<std::uint32_t>(v);
+      m[at] = u >> 24, m[at + 1] = (u >> 16) & 255, m[at + 2] = (u >> 8) & 255, m[at + 3] = u & 255;
+    };
+    put(0, a * 65536), put(4, b * 65536), put(12, c * 65536), put(16, d * 65536);
+    put(32, 1 << 30);
+    return detail::matrix_transform(m.data());
+  };
+  EXPECT_EQ(matrix(1, 0, 0, 1).clockwise_degrees(), 0);
+  EXPECT_EQ(matrix(0, 1, -1, 0).clockwise_degrees(), 90);  // a phone held upright
+  EXPECT_EQ(matrix(-1, 0, 0, -1).clockwise_degrees(), 180);
+  EXPECT_EQ(matrix(0, -1, 1, 0).clockwise_degrees(), 270);
+  EXPECT_TRUE(matrix(-1, 0, 0, 1).mirrored());
+  EXPECT_EQ(matrix(-1, 0, 0, 1).clockwise_degrees(), 0);
+  EXPECT_TRUE(matrix(0, 1, 1, 0).mirrored());
+  const auto h264_hd = from_hex("67640028acd940780227e5c044000003000400000300083c60c658");
+  const auto h264_small = from_hex("6764000aacd94626c044000003000400000300083c489658");
+  const auto hevc_hd = from_hex(
+      "420101016000000300900000030000030078a003c08010e596566924caf01680800000030080000003008400");
+  const auto hevc_small = from_hex(
+      "42010101600000030090000003000003001ea030810596566924caf01680800000030080000003008400");
+  EXPECT_EQ(detail::h264_sps_size(h264_hd.data(), h264_hd.size()), (Size{1920, 1080}));
+  EXPECT_EQ(detail::h264_sps_size(h264_small.data(), h264_small.size()), (Size{96, 64}));
+  EXPECT_EQ(detail::hevc_sps_size(hevc_hd.data(), hevc_hd.size()), (Size{1920, 1080}));
+  EXPECT_EQ(detail::hevc_sps_size(hevc_small.data(), hevc_small.size()), (Size{96, 64}));
+  // Cut short anywhere: no size, no crash.
+  for (std::size_t n = 0; n < h264_hd.size(); ++n) {
+    EXPECT_FALSE(detail::h264_sps_size(h264_hd.data(), n).has_value() && n < 8) << n;
+  }
+  for (std::size_t n = 0; n < hevc_hd.size(); ++n) (void)detail::hevc_sps_size(hevc_hd.data(), n);
+  // Not an ISO file, or no file: not ok, no problem claimed.
+  const Info none = read_info("/nonexistent/clip.mp4");
+  EXPECT_FALSE(none.ok);
+  EXPECT_FALSE(none.iso);
 }
