@@ -39,6 +39,7 @@ from .errors import (
     WeightsNotFoundError,
 )
 from . import _core
+from . import _fork
 from . import segmentation
 from .segmentation import (
     Backend,
@@ -53,6 +54,8 @@ from .segmentation import (
 )
 
 __version__: str = _core.version()
+
+_fork.install()  # a process forked after the library ran keeps working (see _fork)
 
 __all__ = [
     "__version__",
