@@ -65,7 +65,8 @@ struct Sample {
   std::uint32_t size = 0;
   std::uint32_t description = 1;  // 1-based sample description index
   bool sync = true;
-  Size picture;  // the decoded picture's size, where known (else 0x0)
+  bool shown = true;  // false for a frame the decoder does not output (VP8's alternate reference)
+  Size picture;       // the decoded picture's size, where known (else 0x0)
 };
 
 struct SampleEntry {
@@ -76,7 +77,8 @@ struct SampleEntry {
 };
 
 struct Info {
-  bool ok = false;         // an ISO base media file whose index was read
+  std::string container;   // "mp4" (ISO: MP4, MOV, M4V, 3GP) or "matroska" (MKV, WebM)
+  bool ok = false;         // a file of that container whose index (or blocks) was read
   std::string problem;     // why not ("" when ok, or when the file is not an ISO file at all)
   bool iso = false;        // it has the ISO box structure (ftyp/moov/mdat ...)
   bool has_moov = false;   // the index is there (a cut download of a file whose index comes
@@ -90,6 +92,10 @@ struct Info {
   bool fragmented = false;
   // The edit list, as one presented range of media time [edit_start, edit_end); no list: all.
   std::optional<std::int64_t> edit_start, edit_end;
+  // Matroska: the duration its header gives (in the timescale), and whether the file ends
+  // inside a block or a cluster (a copy or download cut short).
+  std::optional<std::int64_t> header_end;
+  bool cut = false;
 };
 
 namespace detail {
@@ -391,6 +397,104 @@ inline Transform compose(const Transform& first, const Transform& then) {
   return t;
 }
 
+// VP8: the frame tag and, for a key frame, the start code and the 14-bit sizes.
+inline std::optional<Size> vp8_key_frame_size(const std::uint8_t* p, std::size_t n) {
+  if (n < 10 || (p[0] & 1) != 0 || p[3] != 0x9d || p[4] != 0x01 || p[5] != 0x2a) return std::nullopt;
+  const int w = (p[6] | (p[7] << 8)) & 0x3fff, h = (p[8] | (p[9] << 8)) & 0x3fff;
+  if (w == 0 || h == 0) return std::nullopt;
+  return Size{w, h};
+}
+
+// VP8's show_frame bit: a frame the decoder does not output (an alternate reference).
+inline bool vp8_shown(const std::uint8_t* p, std::size_t n) {
+  return n < 1 || (p[0] & 0x10) != 0;
+}
+
+// VP9: the uncompressed header of a key frame (the first frame of a superframe).
+inline std::optional<Size> vp9_key_frame_size(const std::uint8_t* p, std::size_t n) {
+  const std::vector<std::uint8_t> d(p, p + std::min<std::size_t>(n, 32));
+  Bits b(d, 0);
+  if (b.u(2) != 2) return std::nullopt;  // frame marker
+  const std::uint32_t profile = b.u(1) | (b.u(1) << 1);
+  if (profile == 3) b.u(1);
+  if (b.u(1)) return std::nullopt;  // show_existing_frame
+  if (b.u(1) != 0) return std::nullopt;  // not a key frame
+  b.u(1);                                // show_frame
+  b.u(1);                                // error_resilient_mode
+  if (b.u(24) != 0x498342) return std::nullopt;
+  if (profile >= 2) b.u(1);
+  const std::uint32_t color_space = b.u(3);
+  if (color_space != 7) {
+    b.u(1);
+    if (profile == 1 || profile == 3) b.u(3);
+  } else if (profile == 1 || profile == 3) {
+    b.u(1);
+  }
+  const std::uint32_t w = b.u(16) + 1, h = b.u(16) + 1;
+  if (b.failed()) return std::nullopt;
+  return Size{static_cast<int>(w), static_cast<int>(h)};
+}
+
+// A sequence parameter set among the NAL units (length-prefixed) before the first slice of a
+// sample, or a VP8/VP9 key frame's size.
+inline std::optional<Size> in_band_size(const Reader& r, const Sample& s, const SampleEntry& e,
+                                        std::vector<std::uint8_t>& buf) {
+  const std::uint64_t end = s.offset + s.size;
+  if (s.offset > r.size() || s.size > r.size() - s.offset) return std::nullopt;
+  if (e.format == "vp08" || e.format == "vp09") {
+    if (!r.bytes(s.offset, std::min<std::size_t>(s.size, 32), buf)) return std::nullopt;
+    return e.format == "vp08" ? vp8_key_frame_size(buf.data(), buf.size())
+                              : vp9_key_frame_size(buf.data(), buf.size());
+  }
+  if (!(is_h264(e.format) || is_hevc(e.format)) || e.nal_length_size <= 0) return std::nullopt;
+  std::uint64_t at = s.offset;
+  for (int k = 0; k < 16 && at + static_cast<std::uint64_t>(e.nal_length_size) < end; ++k) {
+    std::uint8_t h[6] = {};
+    if (!r.read(at, h, static_cast<std::size_t>(e.nal_length_size) + 2)) return std::nullopt;
+    std::uint64_t len = 0;
+    for (int i = 0; i < e.nal_length_size; ++i) len = (len << 8) | h[i];
+    const std::uint64_t nal_at = at + static_cast<std::uint64_t>(e.nal_length_size);
+    if (len == 0 || len > end - nal_at) return std::nullopt;
+    const std::uint8_t head = h[e.nal_length_size];
+    const bool h264 = is_h264(e.format);
+    const int type = h264 ? (head & 0x1f) : ((head >> 1) & 0x3f);
+    const bool sps = h264 ? type == 7 : type == 33;
+    const bool slice = h264 ? (type >= 1 && type <= 5) : type < 32;
+    if (slice) return std::nullopt;
+    if (sps && len < 4096 && r.bytes(nal_at, static_cast<std::size_t>(len), buf)) {
+      return sps_size(e.format, buf);
+    }
+    at = nal_at + len;
+  }
+  return std::nullopt;
+}
+
+// The picture size of each sample: its sample description's, changed by the sequence parameter
+// sets that sync samples carry in the stream (H.264/HEVC), or by VP8/VP9 key frames.
+inline void fill_picture_sizes(const Reader& r, Info& info) {
+  auto entry_size = [&](std::uint32_t desc) -> Size {
+    if (desc == 0 || desc > info.entries.size()) return {};
+    const SampleEntry& e = info.entries[desc - 1];
+    for (const auto& sps : e.sps) {
+      if (auto s = sps_size(e.format, sps)) return *s;
+    }
+    return e.size;
+  };
+  Size current;
+  std::uint32_t current_desc = 0;
+  std::vector<std::uint8_t> buf;
+  for (auto& s : info.samples) {
+    if (s.description != current_desc) {
+      current_desc = s.description;
+      current = entry_size(s.description);
+    }
+    if (s.sync && s.description >= 1 && s.description <= info.entries.size()) {
+      if (auto found = in_band_size(r, s, info.entries[s.description - 1], buf)) current = *found;
+    }
+    s.picture = current;
+  }
+}
+
 class Parser {
  public:
   Parser(const Reader& r, Info& info) : r_(r), info_(info) {}
@@ -405,6 +509,7 @@ class Parser {
       return;  // not an ISO file: Matroska, WebM, AVI, ...
     }
     info_.iso = true;
+    info_.container = "mp4";
     const Box* moov = find(top, "moov");
     if (moov == nullptr || (!whole && moov == &top.back())) {
       info_.problem = moov == nullptr ? "the file has no index (moov box)"
@@ -418,7 +523,7 @@ class Parser {
       return;
     }
     if (info_.fragmented) read_fragments(top);
-    read_sizes();
+    fill_picture_sizes(r_, info_);
     info_.ok = true;
   }
 
@@ -766,62 +871,6 @@ class Parser {
     }
   }
 
-  // The picture size of each sample: its sample description's, changed by the sequence
-  // parameter sets that sync samples of H.264/HEVC carry in the stream.
-  void read_sizes() {
-    auto entry_size = [&](std::uint32_t desc) -> Size {
-      if (desc == 0 || desc > info_.entries.size()) return {};
-      const SampleEntry& e = info_.entries[desc - 1];
-      for (const auto& sps : e.sps) {
-        if (auto s = sps_size(e.format, sps)) return *s;
-      }
-      return e.size;
-    };
-    Size current;
-    std::uint32_t current_desc = 0;
-    std::vector<std::uint8_t> nal;
-    for (auto& s : info_.samples) {
-      if (s.description != current_desc) {
-        current_desc = s.description;
-        current = entry_size(s.description);
-      }
-      if (s.sync && s.description >= 1 && s.description <= info_.entries.size()) {
-        const SampleEntry& e = info_.entries[s.description - 1];
-        if ((is_h264(e.format) || is_hevc(e.format)) && e.nal_length_size > 0) {
-          if (auto found = in_band_size(s, e, nal)) current = *found;
-        }
-      }
-      s.picture = current;
-    }
-  }
-
-  // A sequence parameter set among the NAL units before the first slice of a sample.
-  std::optional<Size> in_band_size(const Sample& s, const SampleEntry& e,
-                                   std::vector<std::uint8_t>& nal) {
-    std::uint64_t at = s.offset;
-    const std::uint64_t end = s.offset + s.size;
-    if (end > r_.size()) return std::nullopt;
-    for (int k = 0; k < 16 && at + e.nal_length_size < end; ++k) {
-      std::uint8_t h[6] = {};
-      if (!r_.read(at, h, static_cast<std::size_t>(e.nal_length_size) + 2)) return std::nullopt;
-      std::uint64_t len = 0;
-      for (int i = 0; i < e.nal_length_size; ++i) len = (len << 8) | h[i];
-      const std::uint64_t nal_at = at + static_cast<std::uint64_t>(e.nal_length_size);
-      if (len == 0 || len > end - nal_at) return std::nullopt;
-      const std::uint8_t head = h[e.nal_length_size];
-      const bool h264 = is_h264(e.format);
-      const int type = h264 ? (head & 0x1f) : ((head >> 1) & 0x3f);
-      const bool sps = h264 ? type == 7 : type == 33;
-      const bool slice = h264 ? (type >= 1 && type <= 5) : type < 32;
-      if (slice) return std::nullopt;
-      if (sps && len < 4096 && r_.bytes(nal_at, static_cast<std::size_t>(len), nal)) {
-        return sps_size(e.format, nal);
-      }
-      at = nal_at + len;
-    }
-    return std::nullopt;
-  }
-
   struct Edit {
     std::int64_t media_time;
     std::uint64_t duration;  // movie timescale
@@ -850,7 +899,8 @@ inline std::vector<const Sample*> presented(const Info& info) {
   std::vector<const Sample*> out;
   out.reserve(info.samples.size());
   for (const auto& s : info.samples) {
-    if ((!info.edit_start || s.pts >= *info.edit_start) && (!info.edit_end || s.pts < *info.edit_end)) {
+    if (s.shown && (!info.edit_start || s.pts >= *info.edit_start) &&
+        (!info.edit_end || s.pts < *info.edit_end)) {
       out.push_back(&s);
     }
   }

@@ -19,6 +19,7 @@
 
 #include "cli/files.hpp"
 #include "cli/json_paths.hpp"
+#include "cli/mkv_meta.hpp"
 #include "cli/mp4_meta.hpp"
 #include "cli/stop.hpp"
 
@@ -211,8 +212,9 @@ cv::Mat as_displayed(const cv::Mat& stored, const mp4::Transform& t) {
   }
 }
 
-// The container's facts that the frames are checked and timed against (mp4_meta.hpp), for
-// MP4/MOV; other containers get none, and OpenCV's counts and times are used.
+// The container's facts that the frames are checked and timed against (mp4_meta.hpp,
+// mkv_meta.hpp), for MP4/MOV and Matroska/WebM; other containers (AVI, ...) get none, and
+// OpenCV's counts and times are used.
 struct Timeline {
   bool known = false;
   std::vector<double> times;          // presented frames, seconds after the first
@@ -229,10 +231,7 @@ Timeline timeline_of(const mp4::Info& info) {
   const auto shown = mp4::presented(info);
   t.samples = info.samples.size();
   t.complete = mp4::complete_samples(info);
-  if (shown.empty()) {
-    t.known = true;
-    return t;
-  }
+  if (shown.empty()) return t;  // nothing to check against: OpenCV's counts are used
   const double ts = info.timescale;
   const std::int64_t first = shown.front()->pts;
   double min_step = 0, max_step = 0;
@@ -255,6 +254,14 @@ Timeline timeline_of(const mp4::Info& info) {
   t.variable = min_step > 0 && max_step > 1.5 * min_step;
   if (t.variable) {
     t.rate = std::clamp(1.0 / min_step, shown.size() / std::max(t.duration, 1e-3), 60.0);
+    // Millisecond timestamps (Matroska) make 30 fps steps of 33 ms: the common rate it is.
+    for (const double common : {24000.0 / 1001, 24.0, 25.0, 30000.0 / 1001, 30.0, 50.0,
+                                60000.0 / 1001, 60.0}) {
+      if (std::abs(t.rate - common) < 0.015 * common) {
+        t.rate = common;
+        break;
+      }
+    }
   } else if (t.duration > 0) {
     t.rate = shown.size() / t.duration;
   }
@@ -316,18 +323,20 @@ struct Ranges {
 void run_video(const Model& model, const std::string& path, const OutputNames& names,
                const SegmentArgs& a, const SaveSet& save, OverlayStyle style, Reporter& report,
                const std::atomic<bool>& cancel) {
-  const mp4::Info info = mp4::read_info(path);
+  mp4::Info info = mp4::read_info(path);
+  if (info.container.empty()) info = mkv::read_info(path);
   const Timeline timeline = timeline_of(info);
   cv::VideoCapture cap;
   {
     const QuietOpenCV quiet;
     if (!cap.open(path, cv::CAP_FFMPEG)) cap.open(path);
   }
-  if (!cap.isOpened() || (info.ok && info.samples.empty())) {
+  const bool empty_track = info.ok && mp4::presented(info).empty();
+  if (!cap.isOpened()) {
     std::string why = "cannot open video " + path;
-    if (info.ok && info.samples.empty()) {
+    if (empty_track) {
       why = path + " has no video frames (its video track is empty)";
-    } else if (info.iso && !info.problem.empty()) {
+    } else if (!info.container.empty() && !info.problem.empty()) {
       why += ": " + info.problem +
              " (a copy or download that stopped early, or a recording that was not finished)";
     }
@@ -338,7 +347,7 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
   // FFmpeg capture turns 90/270-degree videos the wrong way in some releases).
   cap.set(cv::CAP_PROP_ORIENTATION_AUTO, 0);
   std::vector<std::string> warnings;
-  mp4::Transform turn = info.ok ? info.display : mp4::Transform{};
+  mp4::Transform turn = info.ok && info.iso ? info.display : mp4::Transform{};
   if (info.ok && info.display.exotic) {
     warnings.push_back("its display matrix is not a quarter turn or mirror; frames are "
                        "segmented as stored");
@@ -355,6 +364,10 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
                        std::to_string(static_cast<int>(cap.get(cv::CAP_PROP_ORIENTATION_META))) +
                        " degrees, as OpenCV reads it); only MP4/MOV display matrices are "
                        "applied, so frames are segmented as stored");
+  }
+  if (!info.container.empty() && !info.ok && !info.problem.empty()) {
+    warnings.push_back("its " + info.container + " index could not be read (" + info.problem +
+                       "); frames are counted and timed as OpenCV gives them");
   }
   const double opencv_fps = cap.get(cv::CAP_PROP_FPS);
   const double rate = timeline.known && timeline.rate > 0 ? timeline.rate
@@ -482,7 +495,10 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
       return;
     }
     if (processed == 0 && undecodable.r.empty()) {
-      throw Error(ErrorCode::kInvalidInput, "no frame could be read from " + path);
+      throw Error(ErrorCode::kInvalidInput,
+                  empty_track ? path + " has no video frames (its video track is empty)"
+                              : "no frame could be read from " + path +
+                                    (info.cut ? " (the file is cut short)" : ""));
     }
     nlohmann::json outputs = nlohmann::json::object();
     if (save.overlay && video.is_open()) {
@@ -548,7 +564,17 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
     std::string why;
     if (timeline.known) {
       truncated = read < total;
-      if (timeline.complete < timeline.samples) {
+      if (info.cut) {
+        char at[96] = "inside a cluster";
+        if (info.header_end && info.timescale > 0 && !timeline.times.empty()) {
+          std::snprintf(at, sizeof at, "at %.2f s of the %.2f s its header gives",
+                        timeline.times.back(),
+                        static_cast<double>(*info.header_end) / info.timescale);
+        }
+        why = std::string("truncated: the file ends ") + at + "; " + std::to_string(read) +
+              " frames could be read";
+        truncated = true;
+      } else if (timeline.complete < timeline.samples) {
         why = "truncated: the file ends inside the data of frame " +
               std::to_string(timeline.complete + 1) + " of " + std::to_string(timeline.samples) +
               "; only " + std::to_string(read) + " of the " + std::to_string(total) +
