@@ -121,25 +121,39 @@ def test_rotated_videos_are_segmented_as_players_show_them(src, tmp_path, contai
 
 # ---- a frame size that changes mid-stream (screen recordings, stream switches) -----------------
 
+SIZE_CASES = {  # name: (container, encoder, order of the 96x64 "a" and 128x96 "b" parts)
+    "mp4-grows": ("mp4", "libx264", "aba"), "mp4-shrinks": ("mp4", "libx264", "bab"),
+    "mkv-h264": ("mkv", "libx264", "aba"), "webm-vp9": ("webm", "libvpx-vp9", "aba"),
+    "webm-vp8": ("webm", "libvpx", "aba"),
+}
+
+
 @pytest.fixture(scope="module")
 def size_change(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("sizes")
-    for name, card, size in (("a", "testsrc", "96x64"), ("b", "testsrc2", "128x96")):
-        ffmpeg("-f", "lavfi", "-i", f"{card}=size={size}:rate=10:duration=1", "-c:v", "libx264",
-               "-bf", "0", "-pix_fmt", "yuv420p", d / f"{name}.ts")
     made = {}
-    for order in ("aba", "bab"):
-        (d / f"{order}.txt").write_text("".join(f"file '{d / c}.ts'\n" for c in order))
-        made[order] = d / f"{order}.mp4"
-        ffmpeg("-f", "concat", "-safe", "0", "-i", d / f"{order}.txt", "-c", "copy", made[order])
+    for case, (container, encoder, order) in SIZE_CASES.items():
+        part = "ts" if encoder == "libx264" else "webm"
+        for name, card, size in (("a", "testsrc", "96x64"), ("b", "testsrc2", "128x96")):
+            f = d / f"{name}_{encoder}.{part}"
+            if not f.exists():
+                ffmpeg("-f", "lavfi", "-i", f"{card}=size={size}:rate=10:duration=1", "-c:v",
+                       encoder, "-g", "10", *(["-bf", "0"] if encoder == "libx264" else []),
+                       "-pix_fmt", "yuv420p", f)
+        (d / f"{case}.txt").write_text("".join(f"file '{d}/{c}_{encoder}.{part}'\n"
+                                               for c in order))
+        made[case] = d / f"{case}.{container}"
+        ffmpeg("-f", "concat", "-safe", "0", "-i", d / f"{case}.txt", "-c", "copy", made[case])
     return made
 
 
-@pytest.mark.parametrize("order", ["aba", "bab"], ids=["grows", "shrinks"])
-def test_frames_of_another_size_are_reported_not_segmented_stale(size_change, tmp_path, order):
-    video = size_change[order]
+@pytest.mark.parametrize("case", list(SIZE_CASES))
+def test_frames_of_another_size_are_reported_not_segmented_stale(size_change, tmp_path, case):
+    video = size_change[case]
+    order = SIZE_CASES[case][2]
     out = tmp_path / "out"
-    r = cli("segment", video, "-o", out, "--model", TINY, "--save", "labels,overlay", "--json")
+    r = cli("segment", video, "-o", out, "--model", TINY, "--save", "labels,overlay", "--json",
+            "--batch-size", "10")
     assert r.returncode == 0, r.stderr
     (e,) = entries(r).values()
     first = (96, 64) if order == "aba" else (128, 96)
@@ -170,7 +184,7 @@ def vfr(tmp_path_factory) -> dict[str, Path]:
     """19 frames over 3.03 s: ten at 30 fps, then one every 0.3 s."""
     d = tmp_path_factory.mktemp("vfr")
     made = {}
-    for ext in ("mp4", "mov"):
+    for ext in ("mp4", "mov", "mkv"):
         made[ext] = d / f"vfr.{ext}"
         ffmpeg("-f", "lavfi", "-i", "testsrc=size=96x64:rate=30:duration=3.3", "-vf",
                "select='lt(n\\,10)+not(mod(n\\,9))'", "-vsync", "vfr", "-c:v", "libx264",
@@ -178,7 +192,7 @@ def vfr(tmp_path_factory) -> dict[str, Path]:
     return made
 
 
-@pytest.mark.parametrize("ext", ["mp4", "mov"])
+@pytest.mark.parametrize("ext", ["mp4", "mov", "mkv"])
 def test_a_variable_frame_rate_is_not_truncated_and_keeps_its_duration(vfr, tmp_path, ext):
     out = tmp_path / "out"
     r = cli("segment", vfr[ext], "-o", out, "--model", TINY, "--save", "overlay", "--json")
