@@ -16,8 +16,8 @@
 
 #include <curl/curl.h>
 
+#include "../core/settings.hpp"
 #include "log.hpp"
-#include "paths.hpp"
 #include "sapiens_seg/error.hpp"
 #include "sapiens_seg/version.hpp"
 #include "sha256.hpp"
@@ -27,26 +27,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// A tuning variable that is set must be a whole number in [lo, hi]: "5x" or "-1" retries would
-// otherwise be ignored, or read as 5, without a word.
-long env_long(const char* name, long fallback, long lo, long hi) {
-  const std::string v = env(name);
-  if (v.empty()) return fallback;
-  std::size_t used = 0;
-  long n = 0;
-  try {
-    n = std::stol(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || n < lo || n > hi) {
-    throw Error(ErrorCode::kInvalidInput, std::string(name) + "='" + v +
-                                              "' is not a whole number from " + std::to_string(lo) +
-                                              " to " + std::to_string(hi));
-  }
-  return n;
-}
 
 std::string errno_text(int err) {
   std::string s = std::strerror(err);
@@ -256,9 +236,10 @@ DownloadResult download(const DownloadRequest& req) {
                     ": only https (or http to this machine) is allowed");
   }
   // Read before any file is created or locked: a malformed value fails the call at once.
-  const long max_attempts = env_long("SAPIENS_SEG_DOWNLOAD_RETRIES", 5, 0, 100) + 1;
-  const long backoff_ms = env_long("SAPIENS_SEG_RETRY_BASE_MS", 1000, 0, 600000);
-  const long low_speed_time = env_long("SAPIENS_SEG_LOW_SPEED_TIME", 60, 1, 86400);
+  const core::Settings settings = core::read_settings();
+  const long max_attempts = settings.download_retries.value() + 1;
+  const long backoff_ms = settings.retry_base_ms.value();
+  const long low_speed_time = settings.low_speed_time.value();
   const fs::path dest(req.dest), part(req.dest + ".part");
   std::error_code ec;
   fs::create_directories(dest.parent_path(), ec);
@@ -307,9 +288,8 @@ DownloadResult download(const DownloadRequest& req) {
   if (!curl) throw Error(ErrorCode::kInternal, "libcurl initialisation failed");
   const std::string agent =
       std::string("sapiens-seg/") + SAPIENS_SEG_VERSION + " " + curl_version();
-  const std::string token = env("HF_TOKEN");
-  const bool send_token =
-      (req.use_hf_token || env_flag("SAPIENS_SEG_USE_HF_TOKEN")) && !token.empty();
+  const std::string& token = settings.hf_token;
+  const bool send_token = (req.use_hf_token || settings.use_hf_token) && !token.empty();
   const char* protocols = loopback_http(req.url) ? "http,https" : "https";
   std::string last_error;
   bool resolve_failed_before = false;
