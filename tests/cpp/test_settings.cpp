@@ -283,14 +283,19 @@ TEST(UnitLog, CallbackMayLogAndThrow) {
 TEST(UnitLog, LinesFromManyThreadsAllArrive) {
   LogReset reset{LogLevel::kWarn};
   std::atomic<int> count{0};
-  sapiens_seg::set_log_callback([&count](LogLevel, std::string_view) { ++count; });
+  const sapiens_seg::LogCallback counting = [&count](LogLevel, std::string_view) { ++count; };
+  sapiens_seg::set_log_callback(counting);
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 8; ++t) {
-    threads.emplace_back([t] {
+    threads.emplace_back([t, &counting] {
       for (int i = 0; i < 500; ++i) {
         sapiens_seg::io::log(LogLevel::kWarn, std::to_string(t) + "/" + std::to_string(i));
-        // Swapping the level and the callback while others log must be safe too.
-        if (i % 100 == 0) sapiens_seg::set_log_level(LogLevel::kWarn);
+        // Setting the level and the callback while others log must be safe too.
+        if (i % 100 == 0) {
+          sapiens_seg::set_log_level(LogLevel::kWarn);
+          sapiens_seg::set_log_callback(counting);
+        }
       }
     });
   }
