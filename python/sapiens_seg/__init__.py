@@ -39,6 +39,7 @@ from .errors import (
     WeightsNotFoundError,
 )
 from . import _core
+from ._log import get_log_level, log_to_python, log_to_stderr, set_log_level
 from . import segmentation
 from .segmentation import (
     Backend,
@@ -64,6 +65,10 @@ __all__ = [
     "find_card",
     "list_cards",
     "system_info",
+    "set_log_level",
+    "get_log_level",
+    "log_to_python",
+    "log_to_stderr",
     "Backend",
     "Card",
     "DownloadProgress",

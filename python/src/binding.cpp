@@ -22,6 +22,7 @@
 
 #include "cli/inputs.hpp"
 #include "cli/naming.hpp"
+#include "log_binding.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
 namespace py = pybind11;
@@ -661,6 +662,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "version", [] { return std::string(ss::version()); },
       "The library's version (the C++ sapiens_seg::version()).");
+  bind_log(m);
 
   py::class_<NativeResult, NativeResultPtr>(m, "NativeResult",
                                             "One image's result as the library returned it.")

@@ -285,13 +285,13 @@ int main(int argc, char** argv) try {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
-  if (verbose) setenv("SAPIENS_SEG_LOG", "info", 1);
+  if (quiet) sapiens_seg::set_log_level(sapiens_seg::LogLevel::kError);
+  if (verbose) sapiens_seg::set_log_level(sapiens_seg::LogLevel::kInfo);
   try {
     if (s->parsed()) {
       cli::install_stop_handlers();
       seg.quiet = seg.quiet || quiet;
-      if (seg.quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
+      if (seg.quiet) sapiens_seg::set_log_level(sapiens_seg::LogLevel::kError);
       LoadOptions load_options = cli::load_options(seg_options);
       load_options.fetch.cancel = &g_cancel;
       seg.run = cli::run_options(seg_options);
