@@ -516,10 +516,15 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
       break;  // the client closed between requests
     } else if (ec == beast::error::timeout) {
-      if (buffer.size() == 0) break;  // an idle keep-alive connection
-      metrics_.rejection("timeout");
-      reply = error_reply(408, ErrorCode::kInvalidInput,
-                          "the request headers did not arrive in time (--header-timeout)");
+      // tcp_stream closed the socket when its deadline passed, so there is nobody to answer: a
+      // client too slow with its headers (slowloris) is cut off, an idle one just closed.
+      if (parser.got_some() || buffer.size() > 0) metrics_.rejection("timeout");
+      break;
+    } else if (ec == http::error::body_limit) {  // the parser checks Content-Length itself
+      metrics_.rejection("too_large");
+      reply = error_reply(413, ErrorCode::kInvalidInput,
+                          "the body is over " + std::to_string(config_.max_body_bytes) +
+                              " bytes (--max-body-bytes)");
       reply.close = true;
     } else if (ec == http::error::header_limit) {
       metrics_.rejection("headers_too_large");
@@ -589,10 +594,8 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
                                 " bytes (--max-body-bytes)");
         keep_alive = false;
       } else if (ec == beast::error::timeout) {
-        metrics_.rejection("timeout");
-        reply = error_reply(408, ErrorCode::kInvalidInput,
-                            "the request body did not arrive in time (--body-timeout)");
-        keep_alive = false;
+        metrics_.rejection("timeout");  // the socket is closed already (see above)
+        break;
       } else if (ec == http::error::partial_message || ec == http::error::end_of_stream ||
                  ec == asio::error::eof) {
         metrics_.rejection("truncated");
