@@ -122,7 +122,7 @@ std::string overlay_png(const Result& result, ImageView image, float opacity,
       const std::uint8_t* src = image.data + static_cast<std::size_t>(y) * stride;
       std::uint8_t* dst = ov.rgb.data() + static_cast<std::size_t>(y) * result.width * 3;
       const std::uint8_t* l = result.labels.data() + static_cast<std::size_t>(y) * result.width;
-      for (int x = 0; x < result.width; ++x) {
+      for (std::size_t x = 0; x < static_cast<std::size_t>(result.width); ++x) {
         if (l[x] >= shown.size() || !shown[l[x]]) std::memcpy(dst + 3 * x, src + 3 * x, 3);
       }
     }

@@ -202,6 +202,7 @@ class Server {
   std::vector<LoadedModel> models_;  // filled on the socket thread once all are loaded
   bool ready_ = false;
   bool draining_ = false;
+  bool stopping_ = false;  // drained: io_ is stopping
   std::optional<Error> load_error_;
   std::thread loader_;
   std::atomic<bool> loader_done_{false};
@@ -743,7 +744,8 @@ void Server::on_signal(int signo) {
 }
 
 void Server::check_drained() {
-  if (draining_ && metrics_.in_flight().load() == 0) {
+  if (draining_ && !stopping_ && metrics_.in_flight().load() == 0) {
+    stopping_ = true;
     std::fprintf(stderr, "sapiens-seg serve: drained, exiting\n");
     io_.stop();
   }
