@@ -9,7 +9,7 @@ over the classes. Nothing is fused or tiled: at 3000x4000 the full-resolution lo
 in float32, 1.3 GB) exist, as they do in the demo.
 
 Sapiens2 (`*.safetensors`), the authors' demo (spec sapiens2.md section 5): their module tree,
-here the project's own definition of it (tools/sapiens2_reference.py), built in float32 and
+here the project's own definition of it (tests/reference/sapiens2.py), built in float32 and
 filled the authors' way (safetensors `load_file`, then `load_state_dict`, so the weights exist
 twice while loading); cv2 INTER_AREA when the width shrinks, else INTER_CUBIC, to 1024x768,
 ImageNet mean/std, the module in float32 (bf16 RoPE), F.interpolate of the 29 x 1024 x 768
@@ -46,7 +46,9 @@ import torch.nn.functional as F
 
 MEAN = (123.5, 116.5, 103.5)  # the Sapiens-Lite demo's values, RGB order
 STD = (58.5, 57.0, 57.5)
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(REPO, "tools")  # the ONNX export's configuration reader
+TESTS = os.path.join(REPO, "tests")  # the tests' oracles (reference.sapiens2)
 
 
 def synthetic_rgb(height: int, width: int, index: int) -> np.ndarray:
@@ -154,9 +156,9 @@ class OriginalSapiens2(DemoPipeline):
 
     def __init__(self, path: str, device: str) -> None:
         super().__init__(path, device)
-        sys.path.insert(0, TOOLS)
-        import sapiens2_reference as s2  # noqa: PLC0415 - the project's tools folder
+        sys.path[:0] = [TESTS, TOOLS]
         from export_onnx import v2_config  # noqa: PLC0415
+        from reference import sapiens2 as s2  # noqa: PLC0415 - the tests' oracle
         from safetensors import safe_open  # noqa: PLC0415
         from safetensors.torch import load_file  # noqa: PLC0415
 
@@ -173,7 +175,7 @@ class OriginalSapiens2(DemoPipeline):
         self.model.eval().to(self.device)
         self.backend = {"mode": "original-python", "device": str(self.device),
                         "dtype": "float32",
-                        "runtime": "torch eager (tools/sapiens2_reference.py) " + torch.__version__}
+                        "runtime": "torch eager (tests/reference/sapiens2.py) " + torch.__version__}
 
     def network(self, batch: torch.Tensor) -> torch.Tensor:
         return self.model(batch)

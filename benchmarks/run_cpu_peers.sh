@@ -66,9 +66,12 @@ step_setup() {
 
 step_fixtures() {
   mkdir -p "$FIX" "$ONNX"
-  [ -f "$FIX/full_0.3b_torchscript.pt2" ] || "$PY" tools/make_fixtures.py --out "$FIX" --only full_0.3b
-  [ -f "$FIX/s2_full_0.4b.safetensors" ] || "$PY" tools/sapiens2_fixtures.py --out "$FIX" --only s2_full_0.4b
-  [ -f "$FIX/s2_full_1b.safetensors" ] || "$PY" tools/sapiens2_fixtures.py --out "$FIX" --only s2_full_1b
+  [ -f "$FIX/full_0.3b_torchscript.pt2" ] ||
+    "$PY" tests/fixtures/make_fixtures.py --out "$FIX" --only full_0.3b
+  [ -f "$FIX/s2_full_0.4b.safetensors" ] ||
+    "$PY" tests/fixtures/sapiens2.py --out "$FIX" --only s2_full_0.4b
+  [ -f "$FIX/s2_full_1b.safetensors" ] ||
+    "$PY" tests/fixtures/sapiens2.py --out "$FIX" --only s2_full_1b
   # One ONNX export per file, checked against the original (tools/export_onnx.py), reused by
   # every run below.
   for f in full_0.3b_torchscript.pt2 s2_full_0.4b.safetensors s2_full_1b.safetensors; do
@@ -199,7 +202,8 @@ step_memory_5b() {
   # Peak RSS of load + one 1024x768 call of Sapiens2 5B, bfloat16 and float32 (mapped), beside
   # the authors' load_file + load_state_dict path (measured where it fits, else estimated and
   # measured on 0.4b for its peak-to-file ratio). Needs ~21 GB of disk for the file.
-  [ -f "$FIX/s2_full_5b.safetensors" ] || "$PY" tools/sapiens2_fixtures.py --out "$FIX" --only s2_full_5b
+  [ -f "$FIX/s2_full_5b.safetensors" ] ||
+    "$PY" tests/fixtures/sapiens2.py --out "$FIX" --only s2_full_5b
   "$PY" benchmarks/peak_memory.py --model "$FIX/s2_full_5b.safetensors" \
     --cli "$BUILD/bin/sapiens-seg" --dtypes bfloat16,float32 \
     --authors-model "$FIX/s2_full_0.4b.safetensors" --json "$RES/cpu-memory-s2_5b.json"

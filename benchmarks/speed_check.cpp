@@ -841,7 +841,7 @@ openvino-f32 or openvino-default for one, e.g. where the default is f32 anyway) 
 the project's ONNX export of the model (tools/export_onnx.py, made for this run and checked
 against the original unless --onnx names one); transformers runs Sapiens2 files only.
 original-python is the authors' pipeline: torch.jit for Sapiens v1, the authors' module
-structure (tools/sapiens2_reference.py) for Sapiens2.
+structure (tests/reference/sapiens2.py) for Sapiens2.
 On CUDA, original-autocast is the authors' float32 graph run under autocast in the --dtype (their
 way to half precision), and each column reports its CUDA-graph captures (how many input shapes
 were captured, how many run eagerly and why). --split: after the timed rounds, each column's
@@ -971,8 +971,8 @@ std::string find_quick_model(const char* argv0) {
     if (fs::exists(d / "tiny_b_torchscript.pt2")) return (d / "tiny_b_torchscript.pt2").string();
   }
   throw std::runtime_error(
-      "--quick needs the tiny_b fixture: build it with `python tools/make_fixtures.py --out "
-      "BUILD/fixtures --only tiny_b` (or run the tests once), or pass --model");
+      "--quick needs the tiny_b fixture: build it with `python tests/fixtures/make_fixtures.py "
+      "--out BUILD/fixtures --only tiny_b` (or run the tests once), or pass --model");
 }
 
 std::string fmt(double v, int digits = 0) {

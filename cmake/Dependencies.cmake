@@ -110,8 +110,8 @@ find_package(nlohmann_json 3.10 REQUIRED)
 # The TorchScript archive reader checks each record's CRC-32 and inflates deflated records: zlib
 # (Debian zlib1g-dev) always; ISA-L (Debian libisal-dev) when found, for a CRC several times
 # faster than zlib 1.2's (carry-less multiply), which the load time of a 1.3 GB checkpoint shows.
-# Where only the runtime package is installed (the GPU machine: tools/gpu_check.sh carries the two
-# headers), libz.so.1 itself is linked.
+# Where only the runtime package is installed (the GPU machine: tools/gpu/gpu_check.sh carries the
+# two headers), libz.so.1 itself is linked.
 find_library(ZLIB_LIBRARY NAMES z libz.so.1)
 find_package(ZLIB REQUIRED)
 set(SAPIENS_SEG_ZIP_LIBRARIES ZLIB::ZLIB)

@@ -4,15 +4,16 @@ export's logits against the original before anyone times it.
 
 The CPU runtimes a user would try instead of this library (ONNX Runtime, OpenVINO) take ONNX.
 The export is built from the project's definitions of the authors' networks, never from the
-authors' code: Sapiens v1 from `make_fixtures.SapiensV1Seg` with the TorchScript file's weights,
-Sapiens2 from `sapiens2_reference.Sapiens2Seg` with the .safetensors file's weights (authors' or
-Hugging Face key names). Then ONNX Runtime runs the export on one input and its logits are
-compared with the original's: v1 the TorchScript file itself (torch.jit.load), v2 the reference
-module (the authors' numerics, bf16 RoPE included). The max |diff| goes into a JSON file beside
-the export (`<out>.json`). v1 must be within --tolerance (the CPU fp32 bar, 0.002). Sapiens2's
-bf16 RoPE makes its fp32 network discontinuous (a last-bit change upstream flips roundings of q
-and k), so its bound is the larger of the tolerance and twice what the reference itself moves
-under a one-ulp change of its input, measured here and recorded; labels must agree on 99.5 %.
+authors' code: Sapiens v1 from `reference.sapiens_v1.SapiensV1Seg` with the TorchScript file's
+weights, Sapiens2 from `reference.sapiens2.Sapiens2Seg` with the .safetensors file's weights
+(authors' or Hugging Face key names), both in tests/reference/. Then ONNX Runtime runs the
+export on one input and its logits are compared with the original's: v1 the TorchScript file
+itself (torch.jit.load), v2 the reference module (the authors' numerics, bf16 RoPE included). The
+max |diff| goes into a JSON file beside the export (`<out>.json`). v1 must be within --tolerance
+(the CPU fp32 bar, 0.002). Sapiens2's bf16 RoPE makes its fp32 network discontinuous (a last-bit
+change upstream flips roundings of q and k), so its bound is the larger of the tolerance and
+twice what the reference itself moves under a one-ulp change of its input, measured here and
+recorded; labels must agree on 99.5 %.
 
 Sapiens2's RoPE runs in bfloat16 in the authors' fp32 model (spec sapiens2.md section 8.2). ONNX
 runtimes have no bfloat16 sin/cos/mul on the CPU, so the export holds the bf16 tables computed
@@ -40,10 +41,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The tests' oracles (tests/reference/): the project's definitions of both networks.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import make_fixtures as mf  # noqa: E402
-import sapiens2_reference as s2  # noqa: E402
+from reference import sapiens2 as s2  # noqa: E402
+from reference import sapiens_v1 as v1  # noqa: E402
 
 
 class ExportError(RuntimeError):
@@ -81,10 +83,10 @@ def v1_model(path: Path) -> tuple[torch.nn.Module, torch.jit.ScriptModule, tuple
         raise ExportError(f"pos_embed has {n} tokens, not a 4:3 grid")
     grid = (gh, n // gh)
     with torch.device("meta"):
-        model = mf.SapiensV1Seg(c, depth, v1_heads(script), mlp, hc, grid, classes)
+        model = v1.SapiensV1Seg(c, depth, v1_heads(script), mlp, hc, grid, classes)
     model.load_state_dict(sd, strict=True, assign=True)  # shares the script's tensors
-    model.data_preprocessor = mf.SegDataPreProcessor()  # non-persistent, not in the file
-    return model.eval(), script, (grid[0] * mf.PATCH, grid[1] * mf.PATCH)
+    model.data_preprocessor = v1.SegDataPreProcessor()  # non-persistent, not in the file
+    return model.eval(), script, (grid[0] * v1.PATCH, grid[1] * v1.PATCH)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +284,7 @@ def export(model_path: Path, out: Path, opset: int = 17, tolerance: float = 2e-3
         "family": family, "input": [h, w], "opset": opset, "torch": torch.__version__,
         "exporter": "torch.onnx.export(dynamo=False)",
         "checked_against": "TorchScript file (torch.jit.load)" if family == "sapiens_v1"
-        else "tools/sapiens2_reference.py module (authors' numerics, bf16 RoPE)",
+        else "tests/reference/sapiens2.py module (authors' numerics, bf16 RoPE)",
         "checked_with": "onnxruntime " + __import__("onnxruntime").__version__ + " (ORT_ENABLE_ALL)",
         "max_abs_logit_diff": float(diff.max()), "mean_abs_logit_diff": float(diff.mean()),
         "label_agreement": labels_equal, "export_s": export_s,

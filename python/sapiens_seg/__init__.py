@@ -187,8 +187,6 @@ def system_info() -> SystemInfo:
         print(sapiens_seg.system_info().backends)
     """
     d = _core.system_info()
-    d["backends"] = tuple(d["backends"])
-    d["card_dirs"] = tuple(d["card_dirs"])
-    d["cpu_flags"] = tuple(d["cpu_flags"])
-    d["cpu_dtypes"] = tuple(d["cpu_dtypes"])
-    return SystemInfo(**d)
+    # Every list becomes a tuple, so the frozen dataclass is hashable (a list field would make
+    # hash() raise).
+    return SystemInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

@@ -13,15 +13,12 @@
 #include <opencv2/core.hpp>
 
 #include "../core/backends/backends.hpp"
-#include "../core/families.hpp"
 #include "../core/pipeline/build.hpp"
 #include "../core/pipeline/pipeline.hpp"
 #include "../io/image.hpp"
-#include "../io/image_header.hpp"
 #include "../io/log.hpp"
 #include "../io/weights.hpp"
 #include "sapiens_seg/cards.hpp"
-#include "sapiens_seg/version.hpp"
 
 namespace sapiens_seg {
 namespace fs = std::filesystem;
@@ -32,91 +29,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 }  // namespace
-
-// ---- Result, images ------------------------------------------------------------------------
-
-std::vector<std::uint8_t> Result::foreground() const {
-  std::vector<std::uint8_t> fg(labels.size());
-  for (std::size_t i = 0; i < labels.size(); ++i) fg[i] = labels[i] != 0 ? 1 : 0;
-  return fg;
-}
-
-const char* version() noexcept {
-  return SAPIENS_SEG_VERSION;
-}
-
-Image read_image(const std::string& path) {
-  try {
-    return io::decode_image_file(path);
-  } catch (...) {
-    throw as_error(std::current_exception(), "reading " + path);
-  }
-}
-
-Image read_image(const std::vector<std::uint8_t>& encoded) {
-  try {
-    return io::decode_image(encoded.data(), encoded.size(), "encoded image");
-  } catch (...) {
-    throw as_error(std::current_exception(), "reading an encoded image");
-  }
-}
-
-ImageInfo read_image_info(const std::uint8_t* data, std::size_t size) {
-  try {
-    return io::image_info(data, size, "encoded image");
-  } catch (...) {
-    throw as_error(std::current_exception(), "reading an image header");
-  }
-}
-
-ImageInfo read_image_info(const std::string& path) {
-  try {
-    return io::image_info_file(path);
-  } catch (...) {
-    throw as_error(std::current_exception(), "reading the header of " + path);
-  }
-}
-
-namespace {
-Image overlay_unguarded(const Result& result, ImageView image, float opacity) {
-  if (image.height != result.height || image.width != result.width) {
-    throw Error(ErrorCode::kInvalidInput, "overlay: the image is " + std::to_string(image.width) +
-                                              "x" + std::to_string(image.height) +
-                                              " but the result is " + std::to_string(result.width) +
-                                              "x" + std::to_string(result.height));
-  }
-  if (!(opacity >= 0.0f && opacity <= 1.0f)) {
-    throw Error(ErrorCode::kInvalidInput, "overlay: opacity must be in [0, 1]");
-  }
-  const cv::Mat src = io::wrap_view(image, "overlay image");
-  Image out;
-  out.height = image.height;
-  out.width = image.width;
-  out.rgb.resize(static_cast<std::size_t>(out.height) * out.width * 3);
-  for (int y = 0; y < out.height; ++y) {
-    const std::uint8_t* s = src.ptr<std::uint8_t>(y);
-    std::uint8_t* d = out.rgb.data() + static_cast<std::size_t>(y) * out.width * 3;
-    const std::uint8_t* l = result.labels.data() + static_cast<std::size_t>(y) * out.width;
-    for (int x = 0; x < out.width; ++x) {
-      const auto& c = result.palette.at(l[x]);
-      for (int ch = 0; ch < 3; ++ch) {
-        d[3 * x + ch] =
-            static_cast<std::uint8_t>(static_cast<float>(s[3 * x + ch]) * (1.0f - opacity) +
-                                      static_cast<float>(c[ch]) * opacity);
-      }
-    }
-  }
-  return out;
-}
-}  // namespace
-
-Image overlay(const Result& result, ImageView image, float opacity) {
-  try {
-    return overlay_unguarded(result, image, opacity);
-  } catch (...) {
-    throw as_error(std::current_exception(), "overlay");
-  }
-}
 
 // ---- Model and Prepared --------------------------------------------------------------------
 
@@ -179,38 +91,44 @@ const Timings& Prepared::timings() const noexcept {
 
 namespace {
 
-core::BuildRequest build_request(const LoadOptions& opt, const std::optional<Card>& card,
-                                 const c10::Device& device, at::ScalarType dtype) {
+// What loading asks of the family's network; the card's facts are added once it is known.
+core::BuildRequest build_request(const LoadOptions& opt, const c10::Device& device,
+                                 at::ScalarType dtype) {
   core::BuildRequest r;
   r.mode = opt.mode;
   r.device = device;
   r.dtype = dtype;
   r.input_height = opt.input_height;
   r.input_width = opt.input_width;
-  if (card) {
-    r.card = core::CardFacts{card->id,           card->source,      card->heads,
-                             card->input_height, card->input_width, card->patch};
-  }
   return r;
 }
 
+std::optional<core::CardFacts> card_facts(const std::optional<Card>& card) {
+  if (!card) return std::nullopt;
+  return core::CardFacts{card->id,          card->source, card->heads,      card->input_height,
+                         card->input_width, card->patch,  card->num_classes};
+}
+
 // The label set of a bare checkpoint: the classes of any bundled card of its family and size.
-std::optional<Card> labels_for(core::Family family, std::int64_t num_classes) {
-  const std::string_view set = core::traits_of(family).label_set;
+std::optional<Card> labels_for(const core::FamilyTraits& family, std::int64_t num_classes) {
   for (auto& c : list_cards()) {
-    if (c.label_set == set && c.num_classes == num_classes) return c;
+    if (c.label_set == family.label_set && c.num_classes == num_classes) return c;
   }
   return std::nullopt;
 }
 
-// Everything ModelInfo says, in one place: the card's facts (or, for a checkpoint no card
-// describes, a bundled card of its family with the same classes, else numbered classes), the
-// network's shape and the backend.
-ModelInfo describe(const io::OpenedCheckpoint& ckpt, const core::Built& net) {
-  ModelInfo info;
+// What the model is and how images become its input, in one place: the card's facts (or, for a
+// checkpoint no card describes, a bundled card of its family with the same classes, else
+// numbered classes and the family's normalisation), the network's shape and the backend; the
+// card's resize and normalisation, the network's input size, where the work runs.
+void describe(Model::Impl& m, const io::OpenedCheckpoint& ckpt, const core::Built& net,
+              const LoadOptions& opt) {
+  const core::FamilyTraits& family = *ckpt.family;
   const std::optional<Card>& card = ckpt.card;
+  const std::optional<Card> labels = card ? card : labels_for(family, net.num_classes);
+  ModelInfo& info = m.info;
   info.id = card ? card->id : fs::path(ckpt.path).filename().string();
-  info.family = core::traits_of(ckpt.family).name;
+  info.family = family.name;
   info.path = ckpt.path;
   info.sha256 = ckpt.sha256;
   info.license = card ? card->license_id : "";
@@ -221,45 +139,36 @@ ModelInfo describe(const io::OpenedCheckpoint& ckpt, const core::Built& net) {
   info.depth = static_cast<int>(net.depth);
   info.heads = static_cast<int>(net.heads);
   info.backend = net.runner->backend();
-  if (const std::optional<Card> labels = card ? card : labels_for(ckpt.family, net.num_classes)) {
+  if (labels) {
     info.classes = labels->classes;
     info.palette = labels->palette;
-    return info;
+  } else {
+    // No card names these classes: numbered, with distinct colours so an overlay shows them.
+    for (std::int64_t k = 0; k < net.num_classes; ++k) {
+      info.classes.push_back("class_" + std::to_string(k));
+      const auto v = static_cast<std::uint8_t>((k * 67) % 256);
+      info.palette.push_back(
+          {v, static_cast<std::uint8_t>(255 - v), static_cast<std::uint8_t>((k * 151) % 256)});
+    }
   }
-  // No card names these classes: numbered, with distinct colours so an overlay still shows them.
-  for (std::int64_t k = 0; k < net.num_classes; ++k) {
-    info.classes.push_back("class_" + std::to_string(k));
-    const auto v = static_cast<std::uint8_t>((k * 67) % 256);
-    info.palette.push_back(
-        {v, static_cast<std::uint8_t>(255 - v), static_cast<std::uint8_t>((k * 151) % 256)});
-  }
-  return info;
-}
 
-// How images become the network's input: the card's resize and normalisation, else the family's
-// (families.hpp); the network's input size; where the work runs.
-core::InputRecipe recipe_for(const io::OpenedCheckpoint& ckpt, const core::Built& net,
-                             const LoadOptions& opt) {
-  const core::FamilyTraits& family = core::traits_of(ckpt.family);
-  const std::optional<Card> norm = ckpt.card ? ckpt.card : labels_for(ckpt.family, net.num_classes);
   const bool demo = opt.normalization == Normalization::kDemo;
-  core::InputRecipe r;
-  r.input_height = static_cast<int>(net.input_height);
-  r.input_width = static_cast<int>(net.input_width);
-  if (norm) {
-    r.mean = demo ? norm->mean : norm->mean_train;
-    r.std = demo ? norm->std : norm->std_train;
+  core::InputRecipe& r = m.recipe;
+  r.input_height = info.input_height;
+  r.input_width = info.input_width;
+  if (labels) {
+    r.mean = demo ? labels->mean : labels->mean_train;
+    r.std = demo ? labels->std : labels->std_train;
   } else {
     const core::MeanStd& ms = demo ? family.demo : family.training;
     r.mean = ms.mean;
     r.std = ms.std;
   }
-  r.area_or_cubic = (ckpt.card ? ckpt.card->resize : std::string(family.resize)) == "area_or_cubic";
+  r.area_or_cubic = (card ? card->resize : std::string(family.resize)) == "area_or_cubic";
   r.cubic =
       opt.cubic == CubicResize::kOpenCV ? core::CubicFlavor::kOpenCV : core::CubicFlavor::kWheel;
   r.on_device = opt.pipeline == Pipeline::kDevice ||
                 (opt.pipeline == Pipeline::kAuto && !net.runner->device().is_cpu());
-  return r;
 }
 
 void log_auto_choice(const LoadOptions& opt, const c10::Device& device) {
@@ -282,22 +191,17 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   //    bfloat16 GEMMs) fails before any download, hashing or reading.
   const c10::Device device = core::resolve_device(opt.device);
   const at::ScalarType dtype = core::resolve_dtype(opt.dtype, device);
-  // 2. The checkpoint, resolved, licensed, obtained, read once and verified (weights.hpp).
+  core::BuildRequest request = build_request(opt, device, dtype);
+  // 2. The checkpoint, resolved, licensed, obtained, read once and verified (io/weights.hpp).
   const io::OpenedCheckpoint ckpt =
       io::open_checkpoint(id_or_path, {opt.accept_noncommercial, opt.allow_unverified}, opt.fetch);
-  // 3. Its family's network on a Runner of the asked mode (core/v1, core/v2).
-  core::Built net =
-      core::build(ckpt.family, ckpt.bytes, ckpt.path, build_request(opt, ckpt.card, device, dtype));
-  log_auto_choice(opt, device);
-  if (ckpt.card && net.num_classes != ckpt.card->num_classes) {
-    throw Error(ErrorCode::kFormatError,
-                ckpt.path + ": the network has " + std::to_string(net.num_classes) +
-                    " classes but its card lists " + std::to_string(ckpt.card->num_classes));
-  }
+  // 3. Its family's network on a Runner of the asked mode (core/v1, core/v2), held to its card.
+  request.card = card_facts(ckpt.card);
+  core::Built net = core::build(ckpt.family->family, ckpt.bytes, ckpt.path, request);
   // 4. What the model is, and how images become its input.
   auto impl = std::make_shared<Model::Impl>();
-  impl->info = describe(ckpt, net);
-  impl->recipe = recipe_for(ckpt, net, opt);
+  describe(*impl, ckpt, net, opt);
+  log_auto_choice(opt, device);
   impl->runner =
       opt.cuda_graphs > 0
           ? core::with_cuda_graphs(std::move(net.runner), static_cast<std::size_t>(opt.cuda_graphs))

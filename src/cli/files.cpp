@@ -155,4 +155,14 @@ void write_npy(const std::string& path, const std::string& dtype, std::size_t it
   });
 }
 
+// Fails early (before loading gigabytes) when the output folder cannot be written.
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::kIo, "cannot create output folder " + dir + ": " + ec.message());
+  const std::string probe = (fs::path(dir) / ".sapiens-seg-write-test").string();
+  write_file(probe, "", 0);
+  fs::remove(probe, ec);
+}
+
 }  // namespace sapiens_seg::cli

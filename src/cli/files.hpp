@@ -34,4 +34,8 @@ void write_npy(const std::string& path, const std::string& dtype, std::size_t it
                const std::vector<std::int64_t>& shape,
                const std::function<std::size_t(void* buffer, std::size_t max_items)>& next);
 
+// Creates the output folder and checks that a file can be written in it: a run fails early
+// (before loading gigabytes) when it cannot be.
+void prepare_out_dir(const std::string& dir);
+
 }  // namespace sapiens_seg::cli

@@ -17,50 +17,6 @@
 namespace sapiens_seg::cli {
 namespace fs = std::filesystem;
 
-namespace {
-// The SaveSet field of each --save item (save_items()); nullptr for another word.
-bool SaveSet::*save_field(std::string_view item) {
-  static const std::pair<std::string_view, bool SaveSet::*> kFields[] = {
-      {"labels", &SaveSet::labels}, {"overlay", &SaveSet::overlay},
-      {"mask", &SaveSet::mask},     {"npy", &SaveSet::npy},
-      {"logits", &SaveSet::logits}, {"raw_logits", &SaveSet::raw_logits},
-      {"json", &SaveSet::json}};
-  for (const auto& [name, field] : kFields) {
-    if (item == name) return field;
-  }
-  return nullptr;
-}
-
-bool selected(const SaveSet& s, const OutputKind& k) {
-  return k.save != nullptr && s.*save_field(k.save);
-}
-}  // namespace
-
-SaveSet parse_save(const std::string& list) {
-  SaveSet s{false, false, false, false, false, false, false};
-  std::stringstream ss(list);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty()) continue;
-    bool SaveSet::*field = save_field(item);
-    if (field == nullptr) {
-      std::string items;
-      for (const auto& i : save_items()) items += (items.empty() ? "" : ", ") + i;
-      throw Error(ErrorCode::kInvalidInput,
-                  "--save: unknown output '" + item + "' (" + items + ")");
-    }
-    s.*field = true;
-  }
-  return s;
-}
-
-bool outputs_exist(const OutputNames& n, const SaveSet& s) {
-  std::error_code ec;
-  for (const auto& k : output_kinds()) {
-    if (!k.video && selected(s, k) && !fs::exists(n.*k.field, ec)) return false;
-  }
-  return true;
-}
-
 cv::Mat overlay_bgr(const Result& r, ImageView image, OverlayStyle style, float opacity) {
   const bool sbs = style == OverlayStyle::kSideBySide;
   const int w = r.width, h = r.height;

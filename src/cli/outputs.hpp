@@ -15,25 +15,6 @@ class Mat;
 namespace sapiens_seg::cli {
 
 // --save: which files to write.
-// --save: which files to write (their names: naming.hpp's output_kinds()).
-struct SaveSet {
-  bool labels = true;       // <name>_seg.png, 8-bit grey class indices
-  bool overlay = true;      // <name>_overlay.png, or the demo's side-by-side image
-  bool mask = true;         // <name>.npy, bool foreground (the authors' demo name)
-  bool npy = true;          // <name>_seg.npy, int64 labels (the authors' demo name)
-  bool logits = false;      // <name>_logits.npy, float32 [classes, H, W] (large)
-  bool raw_logits = false;  // <name>_raw_logits.npy, float32 [classes, h, w]: the network's own
-  bool json = true;         // summary.json for the run
-  // The library's SegmentOptions these outputs need.
-  SegmentOptions segment_options() const { return {.logits = logits, .raw_logits = raw_logits}; }
-};
-
-// Parses a comma list of save_items() (any subset). Throws Error(kInvalidInput).
-SaveSet parse_save(const std::string& list);
-
-// True when every selected output exists already (--skip-existing).
-bool outputs_exist(const OutputNames& names, const SaveSet& save);
-
 // Writes the selected files, each atomically (files.hpp), and returns the per-image JSON entry
 // (size, outputs, backend, timings, pixel count per class present). Memory: besides the image
 // and its labels, at most one full-size picture (the overlay, in the encoder's BGR order) and

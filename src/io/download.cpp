@@ -10,8 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <curl/curl.h>
@@ -241,6 +245,243 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
+// The tuning variables, read before any file is created or locked: a malformed value fails the
+// call at once.
+struct Tuning {
+  long max_attempts = 0;    // the first try and the retries
+  long backoff_ms = 0;      // the first wait, doubled after each failed retry up to 30 s
+  long low_speed_time = 0;  // seconds below 1 KiB/s before an attempt is given up
+};
+
+Tuning read_tuning() {
+  Tuning t;
+  t.max_attempts = env_long("SAPIENS_SEG_DOWNLOAD_RETRIES", 5, 0, 100) + 1;
+  t.backoff_ms = env_long("SAPIENS_SEG_RETRY_BASE_MS", 1000, 0, 600000);
+  t.low_speed_time = env_long("SAPIENS_SEG_LOW_SPEED_TIME", 60, 1, 86400);
+  return t;
+}
+
+// The .part file beside the destination and the SHA-256 of what it holds. The hash covers the
+// whole file: a resumed download first hashes what is already there.
+class PartFile {
+ public:
+  PartFile(fs::path path, std::optional<std::uint64_t> size)
+      : path_(std::move(path)), file_(std::fopen(path_.c_str(), "a+b"), &std::fclose) {
+    if (!file_) {
+      throw Error(ErrorCode::kIo, "cannot write " + path_.string() + ": " + errno_text(errno));
+    }
+    std::vector<char> buf(4u << 20);
+    std::rewind(file_.get());
+    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), file_.get())) > 0;) {
+      sha_.update(buf.data(), n);
+      have += n;
+    }
+    std::fseek(file_.get(), 0, SEEK_END);
+    if (size && have > *size) start_over();  // longer than the file can be
+  }
+
+  const fs::path& path() const { return path_; }
+  std::FILE* file() const { return file_.get(); }
+  Sha256& sha() { return sha_; }
+
+  void start_over() {
+    if (::ftruncate(fileno(file_.get()), 0) != 0) {
+      throw Error(ErrorCode::kIo, "cannot truncate " + path_.string() + ": " + errno_text(errno));
+    }
+    std::rewind(file_.get());
+    sha_.reset();
+    have = 0;
+  }
+
+  // On the disk (flushed and synced) and closed; returns the hash of its bytes.
+  std::string finish() {
+    if (std::fflush(file_.get()) != 0 || ::fsync(fileno(file_.get())) != 0) {
+      throw Error(ErrorCode::kIo, "cannot write " + path_.string() + ": " + errno_text(errno));
+    }
+    file_.reset();
+    return sha_.hex();
+  }
+
+  std::uint64_t have = 0;  // bytes in the file (and in the hash)
+
+ private:
+  fs::path path_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_;
+  Sha256 sha_;
+};
+
+// A failure before the first byte leaves no empty .part behind.
+struct DropEmptyPart {
+  const fs::path& part;
+  ~DropEmptyPart() {
+    std::error_code e;
+    if (fs::exists(part, e) && fs::file_size(part, e) == 0) fs::remove(part, e);
+  }
+};
+
+// What every attempt of one download sends alike.
+struct Session {
+  explicit Session(const DownloadRequest& req)
+      : agent(std::string("sapiens-seg/") + SAPIENS_SEG_VERSION + " " + curl_version()),
+        token(env("HF_TOKEN")),
+        send_token((req.use_hf_token || env_flag("SAPIENS_SEG_USE_HF_TOKEN")) && !token.empty()),
+        protocols(loopback_http(req.url) ? "http,https" : "https") {}
+  std::string agent, token;
+  bool send_token;
+  const char* protocols;
+};
+
+// Sets up `c` for one attempt that continues the .part file where it ends (`t.have`).
+void prepare_attempt(CURL* c, const DownloadRequest& req, const Session& session,
+                     long low_speed_time, Transfer& t, char* errbuf) {
+  curl_easy_reset(c);
+  curl_easy_setopt(c, CURLOPT_URL, req.url.c_str());
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, session.protocols);
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, session.protocols);
+  curl_easy_setopt(c, CURLOPT_USERAGENT, session.agent.c_str());
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low_speed_time);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &on_progress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &t);
+  // A plain Range header (not CURLOPT_RESUME_FROM, which fails outright when the server
+  // ignores ranges): decide() checks the answer and restarts from zero on a 200.
+  // libcurl keeps its own copy of a string option.
+  const std::string range = std::to_string(t.have) + "-";
+  if (t.have > 0) curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
+  if (session.send_token) {
+    // Bearer auth through libcurl is not forwarded to another host on a redirect (the Hub
+    // redirects file downloads to a CDN).
+    curl_easy_setopt(c, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
+    curl_easy_setopt(c, CURLOPT_XOAUTH2_BEARER, session.token.c_str());
+  }
+}
+
+// Why an attempt failed, where another attempt may succeed (HTTP 5xx, 429 and 408, and network
+// errors); throws where none can.
+std::string retriable_failure(const Transfer& t, CURLcode rc, const char* errbuf,
+                              const DownloadRequest& req, const Session& session) {
+  const std::string what = "download of " + req.label + " from " + req.url + " failed: ";
+  if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && t.http_status >= 300)) {
+    std::string status = "HTTP " + std::to_string(t.http_status);
+    if (t.http_status >= 500 || t.http_status == 429 || t.http_status == 408) return status;
+    std::string hint;
+    if (t.http_status == 401 || t.http_status == 403) {
+      hint = session.send_token ? " (the HF_TOKEN sent was refused)"
+                                : " (for gated or private files set HF_TOKEN and opt in with "
+                                  "SAPIENS_SEG_USE_HF_TOKEN=1 or --use-hf-token)";
+    }
+    throw Error(ErrorCode::kDownloadFailed, what + status + hint);
+  }
+  std::string why =
+      std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(": ") + errbuf : "");
+  if (!retriable(rc)) throw Error(ErrorCode::kDownloadFailed, what + why);
+  return why;
+}
+
+// Transfers the rest of the file into the .part file, attempt after attempt, until one ends with
+// a complete answer; throws when an attempt fails in a way that waiting cannot fix, or the
+// attempts run out.
+void fetch(const DownloadRequest& req, const Tuning& tuning, PartFile& part) {
+  std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), &curl_easy_cleanup);
+  if (!curl) throw Error(ErrorCode::kInternal, "libcurl initialisation failed");
+  const Session session(req);
+  std::string last_error;
+  bool resolve_failed_before = false;
+
+  for (long attempt = 1; attempt <= tuning.max_attempts; ++attempt) {
+    Transfer t;
+    t.curl = curl.get();
+    t.part = part.file();
+    t.sha = &part.sha();
+    t.have = part.have;
+    t.resume_from = part.have;
+    t.total = req.size.value_or(0);
+    t.label = req.label;
+    t.progress = &req.progress;
+    t.cancel = req.cancel;
+    t.started_at = part.have;
+    char errbuf[CURL_ERROR_SIZE] = {0};
+    prepare_attempt(curl.get(), req, session, tuning.low_speed_time, t, errbuf);
+
+    const CURLcode rc = curl_easy_perform(curl.get());
+    part.have = t.have;
+    if (t.write_errno != 0) {
+      throw Error(ErrorCode::kIo, "cannot write " + part.path().string() + ": " +
+                                      errno_text(t.write_errno) + ". The partial download (" +
+                                      std::to_string(part.have) +
+                                      " bytes) is kept to resume later; delete it to free space.");
+    }
+    if (t.cancelled) {
+      throw Error(ErrorCode::kDownloadFailed, "download of " + req.label + " cancelled at " +
+                                                  std::to_string(part.have) +
+                                                  " bytes (kept to resume)");
+    }
+    if (t.http_status == 416) {  // the range is past the end: the .part is stale, start over
+      part.start_over();
+      last_error = "HTTP 416 (range not satisfiable)";
+      continue;
+    }
+    if (rc == CURLE_OK && (t.http_status == 200 || t.http_status == 206)) {
+      if (t.restarted)
+        log(Level::kInfo, req.label + ": server ignored the range; downloaded from zero");
+      return;
+    }
+    last_error = retriable_failure(t, rc, errbuf, req, session);
+    // A name that does not resolve is rarely fixed by waiting: one more try, then give up.
+    if (rc == CURLE_COULDNT_RESOLVE_HOST) {
+      if (resolve_failed_before) attempt = tuning.max_attempts;
+      resolve_failed_before = true;
+    }
+    if (attempt >= tuning.max_attempts) {
+      throw Error(ErrorCode::kDownloadFailed,
+                  "download of " + req.label + " from " + req.url + " failed after " +
+                      std::to_string(tuning.max_attempts) + " attempts: " + last_error);
+    }
+    // Capped before shifting: up to 100 retries would shift past the width of a long.
+    const long wait = attempt > 16 ? 30000L : std::min(tuning.backoff_ms << (attempt - 1), 30000L);
+    log(Level::kWarn, req.label + ": " + last_error + "; retrying in " + std::to_string(wait) +
+                          " ms (attempt " + std::to_string(attempt + 1) + " of " +
+                          std::to_string(tuning.max_attempts) + ", " + std::to_string(part.have) +
+                          " bytes kept)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+  }
+}
+
+// Moves the .part file into place if its size and hash are the card's; otherwise removes it.
+DownloadResult place(const DownloadRequest& req, PartFile& part, const fs::path& dest) {
+  const std::string actual = part.finish();
+  std::error_code ec;
+  if (req.size && part.have != *req.size) {
+    fs::remove(part.path(), ec);
+    throw Error(ErrorCode::kChecksumMismatch, "downloaded " + req.label + " is " +
+                                                  std::to_string(part.have) + " bytes, expected " +
+                                                  std::to_string(*req.size) + "; it was discarded");
+  }
+  if (req.sha256 && actual != *req.sha256) {
+    fs::remove(part.path(), ec);
+    throw Error(ErrorCode::kChecksumMismatch,
+                "checksum mismatch for the download of " + req.label + " from " + req.url +
+                    "\n  expected sha256 " + *req.sha256 + "\n  actual   sha256 " + actual +
+                    "\n  the file was discarded; nothing was added to the cache");
+  }
+  fs::rename(part.path(), dest, ec);
+  if (ec)
+    throw Error(ErrorCode::kIo,
+                "cannot move the download into " + dest.string() + ": " + ec.message());
+  fsync_dir(dest.parent_path());
+  return {actual, true};
+}
+
 }  // namespace
 
 bool url_allowed(const std::string& url) {
@@ -255,11 +496,8 @@ DownloadResult download(const DownloadRequest& req) {
                 "refusing to download " + req.label + " over " + req.url +
                     ": only https (or http to this machine) is allowed");
   }
-  // Read before any file is created or locked: a malformed value fails the call at once.
-  const long max_attempts = env_long("SAPIENS_SEG_DOWNLOAD_RETRIES", 5, 0, 100) + 1;
-  const long backoff_ms = env_long("SAPIENS_SEG_RETRY_BASE_MS", 1000, 0, 600000);
-  const long low_speed_time = env_long("SAPIENS_SEG_LOW_SPEED_TIME", 60, 1, 86400);
-  const fs::path dest(req.dest), part(req.dest + ".part");
+  const Tuning tuning = read_tuning();
+  const fs::path dest(req.dest);
   std::error_code ec;
   fs::create_directories(dest.parent_path(), ec);
   if (ec) {
@@ -269,190 +507,11 @@ DownloadResult download(const DownloadRequest& req) {
   FileLock lock(req.dest + ".lock", req.label, req.progress, req.cancel);
   if (fs::exists(dest, ec)) return {"", false};  // another process finished it while we waited
 
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(part.c_str(), "a+b"),
-                                                       &std::fclose);
-  if (!file) {
-    throw Error(ErrorCode::kIo, "cannot write " + part.string() + ": " + errno_text(errno));
-  }
-  // The hash covers the whole file: a resumed download first hashes what is already there.
-  Sha256 sha;
-  std::uint64_t have = 0;
-  {
-    std::vector<char> buf(4u << 20);
-    std::rewind(file.get());
-    for (std::size_t n; (n = std::fread(buf.data(), 1, buf.size(), file.get())) > 0;) {
-      sha.update(buf.data(), n);
-      have += n;
-    }
-    std::fseek(file.get(), 0, SEEK_END);
-  }
-  if (req.size && have > *req.size) {  // longer than the file can be: start over
-    if (::ftruncate(fileno(file.get()), 0) != 0) {
-      throw Error(ErrorCode::kIo, "cannot truncate " + part.string() + ": " + errno_text(errno));
-    }
-    std::rewind(file.get());
-    sha.reset();
-    have = 0;
-  }
-
-  // A failure before the first byte leaves no empty .part behind.
-  struct DropEmptyPart {
-    const fs::path& part;
-    ~DropEmptyPart() {
-      std::error_code e;
-      if (fs::exists(part, e) && fs::file_size(part, e) == 0) fs::remove(part, e);
-    }
-  } drop_empty{part};
-  std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), &curl_easy_cleanup);
-  if (!curl) throw Error(ErrorCode::kInternal, "libcurl initialisation failed");
-  const std::string agent =
-      std::string("sapiens-seg/") + SAPIENS_SEG_VERSION + " " + curl_version();
-  const std::string token = env("HF_TOKEN");
-  const bool send_token =
-      (req.use_hf_token || env_flag("SAPIENS_SEG_USE_HF_TOKEN")) && !token.empty();
-  const char* protocols = loopback_http(req.url) ? "http,https" : "https";
-  std::string last_error;
-  bool resolve_failed_before = false;
-
-  for (long attempt = 1; attempt <= max_attempts; ++attempt) {
-    Transfer t;
-    t.curl = curl.get();
-    t.part = file.get();
-    t.sha = &sha;
-    t.have = have;
-    t.resume_from = have;
-    t.total = req.size.value_or(0);
-    t.label = req.label;
-    t.progress = &req.progress;
-    t.cancel = req.cancel;
-    t.started_at = have;
-    char errbuf[CURL_ERROR_SIZE] = {0};
-
-    CURL* c = curl.get();
-    curl_easy_reset(c);
-    curl_easy_setopt(c, CURLOPT_URL, req.url.c_str());
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, protocols);
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, protocols);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, agent.c_str());
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, low_speed_time);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &t);
-    // A plain Range header (not CURLOPT_RESUME_FROM, which fails outright when the server
-    // ignores ranges): decide() checks the answer and restarts from zero on a 200.
-    const std::string range = std::to_string(have) + "-";
-    if (have > 0) curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
-    if (send_token) {
-      // Bearer auth through libcurl is not forwarded to another host on a redirect (the Hub
-      // redirects file downloads to a CDN).
-      curl_easy_setopt(c, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
-      curl_easy_setopt(c, CURLOPT_XOAUTH2_BEARER, token.c_str());
-    }
-
-    const CURLcode rc = curl_easy_perform(c);
-    have = t.have;
-    if (t.write_errno != 0) {
-      throw Error(ErrorCode::kIo, "cannot write " + part.string() + ": " +
-                                      errno_text(t.write_errno) + ". The partial download (" +
-                                      std::to_string(have) +
-                                      " bytes) is kept to resume later; delete it to free space.");
-    }
-    if (t.cancelled) {
-      throw Error(ErrorCode::kDownloadFailed, "download of " + req.label + " cancelled at " +
-                                                  std::to_string(have) + " bytes (kept to resume)");
-    }
-    if (t.http_status == 416) {  // the range is past the end: the .part is stale, start over
-      if (::ftruncate(fileno(file.get()), 0) != 0) {
-        throw Error(ErrorCode::kIo, "cannot truncate " + part.string() + ": " + errno_text(errno));
-      }
-      std::rewind(file.get());
-      sha.reset();
-      have = 0;
-      last_error = "HTTP 416 (range not satisfiable)";
-      continue;
-    }
-    const bool http_ok = t.http_status == 200 || t.http_status == 206;
-    if (rc == CURLE_OK && http_ok) {
-      if (t.restarted)
-        log(Level::kInfo, req.label + ": server ignored the range; downloaded from zero");
-      break;
-    }
-    if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && t.http_status >= 300)) {
-      last_error = "HTTP " + std::to_string(t.http_status);
-      const bool retry = t.http_status >= 500 || t.http_status == 429 || t.http_status == 408;
-      if (!retry) {
-        std::string hint;
-        if (t.http_status == 401 || t.http_status == 403) {
-          hint = send_token ? " (the HF_TOKEN sent was refused)"
-                            : " (for gated or private files set HF_TOKEN and opt in with "
-                              "SAPIENS_SEG_USE_HF_TOKEN=1 or --use-hf-token)";
-        }
-        throw Error(ErrorCode::kDownloadFailed, "download of " + req.label + " from " + req.url +
-                                                    " failed: " + last_error + hint);
-      }
-    } else {
-      last_error =
-          std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(": ") + errbuf : "");
-      if (!retriable(rc)) {
-        throw Error(ErrorCode::kDownloadFailed,
-                    "download of " + req.label + " from " + req.url + " failed: " + last_error);
-      }
-      // A name that does not resolve is rarely fixed by waiting: one more try, then give up.
-      if (rc == CURLE_COULDNT_RESOLVE_HOST) {
-        if (resolve_failed_before) attempt = max_attempts;
-        resolve_failed_before = true;
-      }
-    }
-    if (attempt < max_attempts) {
-      // Capped before shifting: up to 100 retries would shift past the width of a long.
-      const long wait = attempt > 16 ? 30000L : std::min(backoff_ms << (attempt - 1), 30000L);
-      log(Level::kWarn, req.label + ": " + last_error + "; retrying in " + std::to_string(wait) +
-                            " ms (attempt " + std::to_string(attempt + 1) + " of " +
-                            std::to_string(max_attempts) + ", " + std::to_string(have) +
-                            " bytes kept)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(wait));
-    } else {
-      throw Error(ErrorCode::kDownloadFailed, "download of " + req.label + " from " + req.url +
-                                                  " failed after " + std::to_string(max_attempts) +
-                                                  " attempts: " + last_error);
-    }
-  }
-  if (req.progress) req.progress(DownloadProgress{req.label, have, have, 0});
-
-  if (std::fflush(file.get()) != 0 || ::fsync(fileno(file.get())) != 0) {
-    throw Error(ErrorCode::kIo, "cannot write " + part.string() + ": " + errno_text(errno));
-  }
-  file.reset();
-  const std::string actual = sha.hex();
-  if (req.size && have != *req.size) {
-    fs::remove(part, ec);
-    throw Error(ErrorCode::kChecksumMismatch, "downloaded " + req.label + " is " +
-                                                  std::to_string(have) + " bytes, expected " +
-                                                  std::to_string(*req.size) + "; it was discarded");
-  }
-  if (req.sha256 && actual != *req.sha256) {
-    fs::remove(part, ec);
-    throw Error(ErrorCode::kChecksumMismatch,
-                "checksum mismatch for the download of " + req.label + " from " + req.url +
-                    "\n  expected sha256 " + *req.sha256 + "\n  actual   sha256 " + actual +
-                    "\n  the file was discarded; nothing was added to the cache");
-  }
-  fs::rename(part, dest, ec);
-  if (ec)
-    throw Error(ErrorCode::kIo,
-                "cannot move the download into " + dest.string() + ": " + ec.message());
-  fsync_dir(dest.parent_path());
-  return {actual, true};
+  PartFile part(req.dest + ".part", req.size);
+  const DropEmptyPart drop_empty{part.path()};
+  fetch(req, tuning, part);
+  if (req.progress) req.progress(DownloadProgress{req.label, part.have, part.have, 0});
+  return place(req, part, dest);
 }
 
 }  // namespace sapiens_seg::io

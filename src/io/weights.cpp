@@ -574,7 +574,7 @@ OpenedCheckpoint open_checkpoint(const std::string& id_or_path, const GateOption
       admit(*out.card, gate);
     }
   }
-  out.family = family_of(out.card, out.path, out.bytes);
+  out.family = &core::traits_of(family_of(out.card, out.path, out.bytes));
   if (out.card) show_license_notice(*out.card);
   return out;
 }

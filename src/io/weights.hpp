@@ -93,8 +93,8 @@ struct OpenedCheckpoint {
   std::string path;          // the file that was read
   std::string sha256;        // of the bytes read; "" when nothing asked for a hash (a bare
                              // TorchScript archive the size of no card's file)
-  core::Family family = core::Family::kSapiensV1;
-  core::MappedFile bytes;  // the whole file: what the network is built from
+  const core::FamilyTraits* family = nullptr;  // never null once opened
+  core::MappedFile bytes;                      // the whole file: what the network is built from
 };
 OpenedCheckpoint open_checkpoint(const std::string& id_or_path, const GateOptions& gate,
                                  const FetchOptions& fetch);

@@ -1,5 +1,6 @@
 // Segments one image with a checkpoint given on the command line and prints what it found.
 #include <cstdio>
+#include <vector>
 
 #include <sapiens_seg/sapiens_seg.hpp>
 
@@ -11,6 +12,13 @@ int main(int argc, char** argv) {
   try {
     const sapiens_seg::Model model = sapiens_seg::load(argv[1]);
     const sapiens_seg::Result r = model.segment(sapiens_seg::Input::file(argv[2]));
+    // segment() is prepare() then run(): the two halves give the same labels.
+    const std::vector<sapiens_seg::Prepared> ready{
+        model.prepare(sapiens_seg::Input::file(argv[2]))};
+    if (model.run(ready).front().labels != r.labels) {
+      std::fprintf(stderr, "prepare + run gave other labels than segment\n");
+      return 1;
+    }
     std::size_t fg = 0;
     for (auto v : r.foreground()) fg += v;
     std::printf("sapiens_seg %s: %dx%d, %zu foreground pixels, %zu classes, backend %s/%s/%s\n",

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <new>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -98,6 +99,119 @@ TEST(UnitNames, AnUnknownNameIsInvalidInputListingTheChoices) {
         << e.what();
   }
   EXPECT_THROW((void)parse_cubic("Wheel"), Error);  // names are exact, as the CLI takes them
+}
+
+// ---- the option table -----------------------------------------------------------------------
+
+// The number of fields of an aggregate: the most initialisers of a type that converts to
+// anything that T{...} accepts. A field added to an options struct changes it, so the test below
+// fails until the table has a row for the field.
+struct AnyField {
+  template <class T>
+  operator T() const;  // NOLINT(google-explicit-constructor): declared only, never called
+};
+template <class T, class... Fields>
+constexpr std::size_t field_count() {
+  if constexpr (requires { T{Fields{}..., AnyField{}}; }) {
+    return field_count<T, Fields..., AnyField>();
+  } else {
+    return sizeof...(Fields);
+  }
+}
+
+std::size_t rows_of(OptionGroup g) {
+  return option_specs(g).size();
+}
+
+TEST(UnitNames, TheOptionTableHasARowForEveryFieldOfTheOptionStructs) {
+  // LoadOptions' `fetch` is FetchOptions, whose progress callback and cancel flag are not text
+  // options (a program sets them); its use_hf_token is a row of the load group.
+  constexpr std::size_t kFetchCallbacks = 2;
+  EXPECT_EQ(rows_of(OptionGroup::kLoad),
+            field_count<LoadOptions>() - 1 + field_count<FetchOptions>() - kFetchCallbacks);
+  EXPECT_EQ(rows_of(OptionGroup::kSegment), field_count<SegmentOptions>());
+  EXPECT_EQ(rows_of(OptionGroup::kRun), field_count<RunOptions>());
+  // Sanity of the counter itself, on structs whose fields are known.
+  EXPECT_EQ(field_count<ImageView>(), 4u);
+  EXPECT_EQ(field_count<Backend>(), 3u);
+}
+
+TEST(UnitNames, EveryOptionRoundTripsItsDefaultAndItsValues) {
+  std::set<std::string> names;
+  for (const OptionSpec& spec : option_specs()) {
+    EXPECT_TRUE(names.insert(spec.name).second) << "two rows named " << spec.name;
+    EXPECT_FALSE(spec.help.empty()) << spec.name;
+    std::vector<std::string> values = {spec.default_value};
+    if (spec.type == OptionType::kChoice) {
+      ASSERT_FALSE(spec.choices.empty()) << spec.name;
+      EXPECT_EQ(spec.choices.front(), spec.default_value) << spec.name << ": default first";
+      values = spec.choices;
+    } else if (spec.type == OptionType::kBool) {
+      values = {"true", "false"};
+    } else if (spec.type == OptionType::kInt) {
+      values = {std::to_string(spec.min_value), std::to_string(spec.max_value)};
+    } else {
+      values.push_back("cpu");
+    }
+    for (const std::string& v : values) {
+      LoadOptions l;
+      SegmentOptions s;
+      RunOptions r;
+      std::string got;
+      // The default object gives the default text.
+      if (spec.group == OptionGroup::kLoad) {
+        EXPECT_EQ(get_option(l, spec.name), spec.default_value) << spec.name;
+        set_option(l, spec.name, v);
+        got = get_option(l, spec.name);
+      } else if (spec.group == OptionGroup::kSegment) {
+        EXPECT_EQ(get_option(s, spec.name), spec.default_value) << spec.name;
+        set_option(s, spec.name, v);
+        got = get_option(s, spec.name);
+      } else {
+        EXPECT_EQ(get_option(r, spec.name), spec.default_value) << spec.name;
+        set_option(r, spec.name, v);
+        got = get_option(r, spec.name);
+      }
+      EXPECT_EQ(got, v) << spec.name;
+    }
+  }
+  // Each row writes its own field: a few spot checks against the structs.
+  LoadOptions l;
+  set_option(l, "use_hf_token", "true");
+  EXPECT_TRUE(l.fetch.use_hf_token);
+  set_option(l, "input_width", "640");
+  EXPECT_EQ(l.input_width, 640);
+  EXPECT_EQ(l.input_height, 0);
+  set_option(l, "mode", "original");
+  EXPECT_EQ(l.mode, Mode::kOriginal);
+  SegmentOptions s;
+  set_option(s, "raw_logits", "1");
+  EXPECT_TRUE(s.raw_logits);
+  EXPECT_FALSE(s.logits);
+  RunOptions r;
+  set_option(r, "batch_size", "16");
+  EXPECT_EQ(r.batch_size, 16);
+}
+
+TEST(UnitNames, ABadOptionValueOrNameIsInvalidInputSayingWhatItTakes) {
+  LoadOptions l;
+  const auto expect_refused = [&](const char* name, const char* value, const char* says) {
+    try {
+      set_option(l, name, value);
+      FAIL() << name << "=" << value << " was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidInput);
+      EXPECT_TRUE(contains(e, says)) << e.what();
+    }
+  };
+  expect_refused("threads", "-1", "an integer from 0 to");
+  expect_refused("threads", "2x", "an integer from 0 to");
+  expect_refused("accept_noncommercial", "yes", "true or false");
+  expect_refused("dtype", "fp16", "is not one of");
+  expect_refused("batch_size", "4", "not an option of loading");
+  RunOptions r;
+  EXPECT_THROW(set_option(r, "batch_size", "0"), Error);
+  EXPECT_EQ(default_model(), "sapiens-seg-0.3b-goliath");
 }
 
 TEST(UnitErrors, AllocationFailuresBecomeOutOfMemory) {

@@ -1,4 +1,4 @@
-// The kernels backend on a GPU (ctest label `gpu`; tools/gpu_check.sh runs it on the GPU
+// The kernels backend on a GPU (ctest label `gpu`; tools/gpu/gpu_check.sh runs it on the GPU
 // machine). Every test skips, saying why, where no CUDA device of compute capability 8.0 or
 // newer is present.
 //
@@ -59,7 +59,7 @@ namespace {
 std::string gpu_unavailable() {
   if (!at::hasCUDA()) {
     return "no CUDA device here: these tests run on a machine with an NVIDIA GPU "
-           "(tools/gpu_check.sh)";
+           "(tools/gpu/gpu_check.sh)";
   }
   const auto [major, minor] = core::cuda_capability(0);
   if (major < core::kKernelsMinMajor) {
@@ -112,7 +112,7 @@ class NoTf32 : public ::testing::Environment {
 };
 [[maybe_unused]] const auto* const kNoTf32 = ::testing::AddGlobalTestEnvironment(new NoTf32);
 
-// Prints a CUDA-graph runner's counts as the summary of tools/gpu_check.sh collects them.
+// Prints a CUDA-graph runner's counts as the summary of tools/gpu/gpu_check.sh collects them.
 core::GraphStats print_graphs(const std::string& what, const core::Runner& r) {
   const auto st = core::cuda_graph_stats(r);
   std::printf("graphs %s: %s\n", what.c_str(),
@@ -678,8 +678,8 @@ TEST_P(GpuParity, PortableAndKernelsInFloat16MatchTheReference) {
   const std::string name = GetParam();
   const fs::path file = test::fixture(name + "_torchscript.pt2");
   if (!fs::exists(file)) {
-    GTEST_SKIP() << file << " not built (tools/make_fixtures.py --only " << name
-                 << ", or tools/gpu_fixtures.py on the GPU machine)";
+    GTEST_SKIP() << file << " not built (tests/fixtures/make_fixtures.py --only " << name
+                 << ", or tests/fixtures/gpu.py on the GPU machine)";
   }
   const core::TorchScriptCheckpoint ckpt = core::open_torchscript(file.string());
   ASSERT_TRUE(ckpt.heads_from_graph.has_value());
@@ -872,7 +872,7 @@ TEST(GpuParityV2, PortableAndKernelsInFloat16MatchTheFloat32Network) {
   REQUIRE_GPU();
   const fs::path file = test::fixture("s2_tiny.safetensors");
   if (!fs::exists(file)) {
-    GTEST_SKIP() << file << " not built (tools/sapiens2_fixtures.py, or tools/gpu_fixtures.py "
+    GTEST_SKIP() << file << " not built (tests/fixtures/sapiens2.py, or tests/fixtures/gpu.py "
                  << "--only s2_tiny on the GPU machine)";
   }
   const core::TensorMap t = s2_tensors(file);

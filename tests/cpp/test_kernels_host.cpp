@@ -511,7 +511,7 @@ core::TensorMap s2_tiny_tensors() {
 // layout), each step on ATen ops, gives the portable network's logits in float32.
 TEST(UnitKernelsSchedule, Sapiens2ScheduleOnAtenEqualsThePortableNetwork) {
   if (!std::filesystem::exists(test::fixture("s2_tiny.safetensors"))) {
-    GTEST_SKIP() << "s2_tiny.safetensors not built (tools/sapiens2_fixtures.py)";
+    GTEST_SKIP() << "s2_tiny.safetensors not built (tests/fixtures/sapiens2.py)";
   }
   namespace schedule = core::v2::kernels_schedule;
   const core::TensorMap t = s2_tiny_tensors();
@@ -650,7 +650,7 @@ TEST(UnitKernelsSchedule, V1ScheduleOnAtenEqualsThePortableNetwork) {
                                      static_cast<float>(1.0 / std::sqrt(double(w.head_dim))), 0));
     ++ran;
   }
-  if (ran == 0) GTEST_SKIP() << "no v1 fixture built (tools/make_fixtures.py)";
+  if (ran == 0) GTEST_SKIP() << "no v1 fixture built (tests/fixtures/make_fixtures.py)";
 }
 
 // ---- cuDNN's attention support, decided at load ----------------------------------------------

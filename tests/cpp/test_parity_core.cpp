@@ -1,6 +1,6 @@
 // Parity of the native network (portable) and of the original mode against the reference
-// outputs computed by the authors' recipe in PyTorch (tools/make_fixtures.py). The network input
-// is the reference's own resized image, so these tests measure the network alone.
+// outputs computed by the authors' recipe in PyTorch (tests/fixtures/make_fixtures.py). The
+// network input is the reference's own resized image, so these tests measure the network alone.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // Sapiens2: the native network against the project's PyTorch reference of the authors' module
-// tree (tools/sapiens2_reference.py), stage by stage so that a failure says where; the key-name
+// tree (tests/reference/sapiens2.py), stage by stage so that a failure says where; the key-name
 // mapping of Hugging Face files; strict refusal of malformed checkpoints.
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 #include "core/v2/cpu_ops.hpp"
 #include "core/v2/sapiens2.hpp"
 #include "op_counts.hpp"
+#include "sapiens2_stages.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
 
@@ -255,17 +256,24 @@ TEST(ParitySapiens2, EveryStageMatchesTheReferenceAt128x96Batch2) {
   const core::v2::Network net(t, config_of(t, 128, 96), at::kCPU, at::kFloat);
   const at::Tensor x = ref(dir, "input");
   ASSERT_EQ(x.sizes(), (std::vector<int64_t>{2, 3, 128, 96}));
-  core::v2::Trace trace;
-  const at::Tensor logits = net.forward(x, &trace);
+  const std::vector<std::string> names = {
+      "tokens",  "block_00", "block_07", "block_08", "block_09", "block_17", "final_norm",
+      "featmap", "head_0",   "head_1",   "head_2",   "head_3",   "head_4",   "head_5"};
+  std::vector<std::string> wanted = names;
+  wanted.insert(wanted.end(), {"rope_cos", "rope_sin"});
+  test::Sapiens2Stages stages(wanted);
+  // The stages one by one are forward: the logits are the product's, its own head's.
+  const at::Tensor logits = stages.forward(net, x);
+  EXPECT_TRUE(at::equal(logits, net.forward(x)));
+  // The head's stage outputs: the module's ops, the only ones that have them.
+  stages.module_head(net);
 
   // The bf16 RoPE tables are computed with the same ops in the same order: bit-identical.
-  EXPECT_EQ(max_diff(trace.tensors.at("rope_cos"), ref(dir, "rope_cos")), 0.0);
-  EXPECT_EQ(max_diff(trace.tensors.at("rope_sin"), ref(dir, "rope_sin")), 0.0);
-  for (const std::string name :
-       {"tokens", "block_00", "block_07", "block_08", "block_09", "block_17", "final_norm",
-        "featmap", "head_0", "head_1", "head_2", "head_3", "head_4", "head_5"}) {
+  EXPECT_EQ(max_diff(stages["rope_cos"], ref(dir, "rope_cos")), 0.0);
+  EXPECT_EQ(max_diff(stages["rope_sin"], ref(dir, "rope_sin")), 0.0);
+  for (const std::string& name : names) {
     const at::Tensor r = ref(dir, name);
-    const double d = max_diff(trace.tensors.at(name), r);
+    const double d = max_diff(stages[name], r);
     const double scale = std::max(1.0, r.abs().max().item<double>());
     std::printf("s2_tiny 128x96 %-10s max |diff| %.3g (|ref| max %.3g)\n", name.c_str(), d, scale);
     EXPECT_LE(d, 1e-4 * scale) << name;
@@ -352,9 +360,9 @@ core::v2::Network network_with_head(const core::TensorMap& t, const core::v2::Co
 
 }  // namespace
 
-// The CPU's fused head on both of its paths against the module's own head ops (what a traced
-// call runs) on the same network, so the backbone's sensitivity (bf16 RoPE) is out of the
-// comparison, and against the reference's logits.
+// The CPU's fused head on both of its paths against the module's own head ops on the same
+// network's backbone output, so the backbone's sensitivity (bf16 RoPE) is out of the comparison,
+// and against the reference's logits.
 TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
   const auto t = open_tensors("s2_tiny.safetensors");
   const auto cfg = config_of(t);
@@ -363,9 +371,10 @@ TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
     ASSERT_EQ(net.cpu_head().path(), path);
     for (const auto& dir : full_size_dirs("s2_tiny")) {
       const at::Tensor x = library_input(dir).unsqueeze(0);
-      core::v2::Trace trace;  // any trace runs the module's head ops
-      const at::Tensor generic = net.forward(x, &trace);
-      const at::Tensor fused = net.forward(x);
+      test::Sapiens2Stages stages({});
+      const at::Tensor fused = stages.forward(net, x);
+      const at::Tensor generic = stages.module_head(net);
+      EXPECT_TRUE(at::equal(fused, net.forward(x))) << dir;
       const double d_head = max_diff(fused, generic), d_ref = max_diff(fused, ref(dir, "logits"));
       std::printf(
           "s2_tiny %s head %s: max |logit diff| vs the module's head %.3g, vs reference %.3g\n",
@@ -377,8 +386,8 @@ TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
 }
 
 // The fused head in bfloat16, on each path, held to the module's head ops in bfloat16 on the same
-// network (a trace runs those): both measured from the reference's float32 logits, since the two
-// round differently (the fused head keeps its InstanceNorm statistics in float32).
+// network: both measured from the reference's float32 logits, since the two round differently
+// (the fused head keeps its InstanceNorm statistics in float32).
 TEST(ParitySapiens2, Bfloat16CpuHeadAsCloseAsTheModulesHead) {
   const core::CpuCaps& caps = core::cpu_caps();
   if (!caps.avx512_bf16 && !(caps.amx_tile && caps.amx_bf16)) {
@@ -392,9 +401,10 @@ TEST(ParitySapiens2, Bfloat16CpuHeadAsCloseAsTheModulesHead) {
     ASSERT_EQ(net.cpu_head().path(), path);
     for (const auto& dir : full_size_dirs("s2_tiny")) {
       const at::Tensor x = library_input(dir).unsqueeze(0), r = ref(dir, "logits");
-      core::v2::Trace trace;
-      const at::Tensor generic = net.forward(x, &trace).to(at::kFloat);
       const at::Tensor fused = net.forward(x).to(at::kFloat);
+      test::Sapiens2Stages stages({});
+      stages.forward(net, x);
+      const at::Tensor generic = stages.module_head(net).to(at::kFloat);
       const double df = (fused - r).abs().mean().item<double>();
       const double dg = (generic - r).abs().mean().item<double>();
       const double agree_f = fused.argmax(1).eq(r.argmax(1)).to(at::kFloat).mean().item<double>();
@@ -444,14 +454,13 @@ TEST(ParitySapiens2, GridOf64x48MatchesTheReferenceTablesAndBlocks) {
   const fs::path dir = fixture("ref/s2_tiny/synth_300x211");
   const auto t = open_tensors("s2_tiny.safetensors");
   const core::v2::Network net(t, config_of(t), at::kCPU, at::kFloat);
-  core::v2::Trace trace;
-  trace.wanted = {"rope_cos", "rope_sin", "tokens", "block_08", "final_norm"};
-  net.forward(ref(dir, "input"), &trace);
-  EXPECT_EQ(max_diff(trace.tensors.at("rope_cos"), ref(dir, "rope_cos")), 0.0);
-  EXPECT_EQ(max_diff(trace.tensors.at("rope_sin"), ref(dir, "rope_sin")), 0.0);
+  test::Sapiens2Stages stages({"rope_cos", "rope_sin", "tokens", "block_08", "final_norm"});
+  stages.forward(net, ref(dir, "input"));
+  EXPECT_EQ(max_diff(stages["rope_cos"], ref(dir, "rope_cos")), 0.0);
+  EXPECT_EQ(max_diff(stages["rope_sin"], ref(dir, "rope_sin")), 0.0);
   for (const std::string name : {"tokens", "block_08", "final_norm"}) {
     const at::Tensor r = ref(dir, name);
-    const double d = max_diff(trace.tensors.at(name), r);
+    const double d = max_diff(stages[name], r);
     std::printf("s2_tiny 1024x768 %-10s max |diff| %.3g\n", name.c_str(), d);
     EXPECT_LE(d, 1e-4 * std::max(1.0, r.abs().max().item<double>())) << name;
   }

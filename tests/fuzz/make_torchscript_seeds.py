@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import make_fixtures as mf  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fixture makers
+from fixtures import sapiens_v1 as mf  # noqa: E402
 
 warnings.filterwarnings("ignore")
 MAX_SEED = 65536
@@ -119,7 +119,7 @@ def flip_in_record(blob: bytes, suffix: str) -> bytes:
 
 
 def tiny_sapiens() -> bytes:
-    """The authors' module tree (make_fixtures' network) at the smallest widths: the module
+    """The authors' module tree (the v1 fixtures' network) at the smallest widths: the module
     names, mangled ModuleList classes and code records of a real checkpoint."""
     cfg = mf.FixtureConfig("seed", "seed", "fuzz seed", embed_dim=4, depth=1, heads=2, mlp=8,
                            head_channels=4, height=32, width=32, seed=5)

@@ -44,6 +44,7 @@ def use_built_package() -> None:
             del sys.modules[name]
 
 
-def use_tools() -> None:
-    """Makes tools/ (the fixture generators, the ONNX export) importable."""
-    sys.path.insert(0, str(REPO / "tools"))
+def use_oracles_and_tools() -> None:
+    """Makes the oracles and the fixture makers (tests/reference, tests/fixtures: `from reference
+    import sapiens2`) and tools/ (the ONNX export) importable."""
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tools")]

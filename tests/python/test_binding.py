@@ -243,7 +243,7 @@ def test_results_equal_the_cli_on_the_same_fixture(model, tmp_path):
 
 @pytest.mark.parametrize("stem", REF_STEMS)
 def test_labels_match_the_reference_recipe(model, stem):
-    """Tiny-A labels equal those of the authors' recipe (tools/make_fixtures.py) away from
+    """Tiny-A labels equal those of the authors' recipe (tests/fixtures/make_fixtures.py) away from
     near-ties of the two best classes."""
     image = next(IMAGES.glob(f"{stem}.*"))
     ref = FIXTURES / "ref" / "tiny_a" / stem

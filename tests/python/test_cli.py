@@ -61,7 +61,8 @@ def test_segment_tiny_b_writes_every_output(tmp_path):
 
 
 def test_cli_labels_equal_the_reference_labels(tmp_path):
-    """The CLI on Tiny-A gives the labels of the authors' recipe (tools/make_fixtures.py)."""
+    """The CLI on Tiny-A gives the labels of the authors' recipe (tests/reference/sapiens_v1.py,
+    through tests/fixtures/make_fixtures.py)."""
     img = FIXTURES / "images" / "synth_300x211.png"
     r = run("segment", img, "-o", tmp_path, "--model", FIXTURES / "tiny_a_torchscript.pt2")
     assert r.returncode == 0, r.stderr

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, use_tools
+from conftest import FIXTURES, use_oracles_and_tools
 
-use_tools()
+use_oracles_and_tools()
 
 pytest.importorskip("onnx", reason="benchmark extra (tools/setup.sh --bench)")
 pytest.importorskip("onnxruntime", reason="benchmark extra (tools/setup.sh --bench)")

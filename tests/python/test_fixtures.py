@@ -1,8 +1,10 @@
-"""Tests for tools/make_fixtures.py: the Tiny-A fixture must match the spec
+"""Tests for the Sapiens v1 fixtures (tests/fixtures/sapiens_v1.py, made by
+tests/fixtures/make_fixtures.py): the Tiny-A fixture must match the spec
 (shared/spec/sapiens_v1.md §3, §9, §10) and the broken variants must be broken as named."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -15,17 +17,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import use_tools
+from conftest import use_oracles_and_tools
 
-use_tools()
+use_oracles_and_tools()
 
-import make_fixtures as mf  # noqa: E402
+from fixtures import make_fixtures as mf  # noqa: E402
+from fixtures import sapiens_v1 as v1f  # noqa: E402
+from reference import sapiens_v1 as v1ref  # noqa: E402
 
 # torch.jit.load/trace announce their deprecation on every call.
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 # Spec §10, Tiny-A: C=64, L=2, heads 2, MLP 256, head channels 32, input 256x192, grid 16x12.
-# Written out by hand (not derived from make_fixtures) so the test is independent of the code.
+# Written out by hand (not derived from the fixture code) so the test is independent of it.
 TINY_A_BUFFERS = {
     "data_preprocessor.mean": (3, 1, 1),
     "data_preprocessor.std": (3, 1, 1),
@@ -70,7 +74,7 @@ def entries(m) -> dict[str, tuple[int, ...]]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("fixtures")
-    mf.build_all(out, names=["tiny_a"], log=lambda *a, **k: None)
+    v1f.build_all(out, names=["tiny_a"], log=lambda *a, **k: None)
     return out
 
 
@@ -90,12 +94,12 @@ def test_file_keys_match_spec(tiny_a):
     assert buffers == TINY_A_BUFFERS
     assert all(p.dtype == torch.float32 for p in tiny_a.parameters())
     bufs = dict(tiny_a.named_buffers())
-    assert bufs["data_preprocessor.mean"].flatten().tolist() == pytest.approx(mf.MEAN_TRAIN)
-    assert bufs["data_preprocessor.std"].flatten().tolist() == pytest.approx(mf.STD_TRAIN)
+    assert bufs["data_preprocessor.mean"].flatten().tolist() == pytest.approx(v1ref.MEAN_TRAIN)
+    assert bufs["data_preprocessor.std"].flatten().tolist() == pytest.approx(v1ref.STD_TRAIN)
 
 
 def test_eager_order_matches_spec():
-    model = mf.build_model(mf.FIXTURES["tiny_a"])
+    model = v1f.build_model(v1f.FIXTURES["tiny_a"])
     # Non-persistent buffers stay out of the eager state_dict, as in the authors' model.
     assert [(k, tuple(v.shape)) for k, v in model.state_dict().items()] == \
         list(TINY_A_PARAMS.items())
@@ -110,7 +114,7 @@ def test_no_default_initialised_tensors(tiny_a):
 
 
 def test_output_shape_and_batch(tiny_a):
-    x = mf.example_input(mf.FIXTURES["tiny_a"], batch=2)
+    x = v1f.example_input(v1f.FIXTURES["tiny_a"], batch=2)
     with torch.no_grad():
         y1 = tiny_a(x[:1])
         y2 = tiny_a(x)
@@ -153,7 +157,7 @@ def spec_forward(sd: dict[str, torch.Tensor], x: torch.Tensor, heads: int) -> to
 
 def test_file_matches_spec_forward(tiny_a):
     sd = {n: p.detach() for n, p in tiny_a.named_parameters()}
-    x = mf.example_input(mf.FIXTURES["tiny_a"], batch=2, seed=3) * 4 - 2
+    x = v1f.example_input(v1f.FIXTURES["tiny_a"], batch=2, seed=3) * 4 - 2
     with torch.no_grad():
         torch.testing.assert_close(tiny_a(x), spec_forward(sd, x, heads=2), rtol=1e-4, atol=1e-4)
 
@@ -188,7 +192,7 @@ def test_broken_wrong_shape(built):
     want = {**TINY_A_PARAMS, **TINY_A_BUFFERS, "backbone.layers.1.ln2.weight": (65,)}
     assert entries(m) == want
     with pytest.raises(RuntimeError):
-        m(mf.example_input(mf.FIXTURES["tiny_a"]))
+        m(v1f.example_input(v1f.FIXTURES["tiny_a"]))
 
 
 def test_broken_wrong_dtype(built):
@@ -210,7 +214,7 @@ def test_broken_flipped_byte(built):
     with zipfile.ZipFile(path) as z:
         assert "/data/" in z.testzip()
     m = torch.jit.load(str(path))
-    assert m(mf.example_input(mf.FIXTURES["tiny_a"])).shape == (1, 28, 128, 96)
+    assert m(v1f.example_input(v1f.FIXTURES["tiny_a"])).shape == (1, 28, 128, 96)
 
 
 def test_deflated_copy_is_read_by_torch_with_the_same_outputs(built):
@@ -219,7 +223,7 @@ def test_deflated_copy_is_read_by_torch_with_the_same_outputs(built):
         assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist())
         assert [i.filename for i in z.infolist()] == [i.filename for i in orig.infolist()]
         assert z.testzip() is None
-    x = mf.example_input(mf.FIXTURES["tiny_a"])
+    x = v1f.example_input(v1f.FIXTURES["tiny_a"])
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.load(str(path))(x),
                                    torch.jit.load(str(built / "tiny_a_torchscript.pt2"))(x),
@@ -285,12 +289,12 @@ def test_a_run_is_skipped_while_what_it_wrote_stands(tmp_path, capsys):
     (out / "ref").mkdir(parents=True)
     written = out / "ref" / "labels.npy"
     written.write_bytes(b"labels")
-    args = mf.argparse.Namespace(only=["tiny_a"], wide=False, images=[])
+    args = argparse.Namespace(only=["tiny_a"], wide=False, images=[])
     record, key = mf.run_key(args)
     mf.record_run(out, record, key, since_ns=0)
     assert mf.run_is_current(out, record, key)
     assert not mf.run_is_current(out, record, "another key")
-    assert mf.run_key(mf.argparse.Namespace(only=["tiny_b"], wide=False, images=[]))[0] != record
+    assert mf.run_key(argparse.Namespace(only=["tiny_b"], wide=False, images=[]))[0] != record
 
     # main() stops before building anything: no checkpoint appears.
     assert mf.main(["--out", str(out), "--only", "tiny_a"]) == 0

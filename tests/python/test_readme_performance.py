@@ -175,7 +175,7 @@ def test_machine_facts_name_the_microarchitecture_from_the_recorded_cpu_identity
 
 
 def test_a_gpu_run_shows_autocast_ratios_memory_graphs_and_the_split():
-    # What speed_check records only on CUDA (tools/gpu_check.sh renders speed.md from it with
+    # What speed_check records only on CUDA (tools/gpu/gpu_check.sh renders speed.md from it with
     # --print): every figure below must reach the page, each from its own field.
     run = report({}, 40.0, model="full_0.3b_torchscript.pt2")
     run["meta"]["device"] = "cuda"

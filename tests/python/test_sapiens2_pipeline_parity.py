@@ -2,7 +2,7 @@
 
 The reference is the Sapiens2 demo's pipeline in Python: cv2.resize of the pinned opencv-python
 wheel (INTER_AREA when the width shrinks, else INTER_CUBIC), BGR -> RGB, ImageNet mean/std, the
-project's definition of the authors' module (tools/sapiens2_reference.py) in float32, bilinear
+project's definition of the authors' module (tests/reference/sapiens2.py) in float32, bilinear
 upsampling of the logits to the image size and argmax. The library (float32, CPU) must give
 logits within 0.002 of it at the image size, on enlarged, shrunk and mixed images, through the
 host and the device pipelines, and the same labels except where the reference's top two classes
@@ -27,16 +27,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FIXTURES, PKG_PARENT, use_tools
+from conftest import FIXTURES, PKG_PARENT, use_oracles_and_tools
 S2 = FIXTURES / "s2_tiny.safetensors"
 if not S2.exists() or not any((PKG_PARENT / "sapiens_seg").glob("_core*")):
     pytest.skip(f"no s2_tiny fixture in {FIXTURES} or no extension in {PKG_PARENT}",
                 allow_module_level=True)
 sys.path.insert(0, str(PKG_PARENT))
-use_tools()
+use_oracles_and_tools()
 
-import sapiens2_reference as s2  # noqa: E402
-from sapiens2_fixtures import tiny_fixture  # noqa: E402
+from fixtures.sapiens2 import tiny_fixture  # noqa: E402
+from reference import sapiens2 as s2  # noqa: E402
 
 from sapiens_seg import segmentation  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Sapiens2 through the CLI and the Python binding: both serve the 29-class DOME label set, give
-the labels of the reference pipeline (tools/sapiens2_fixtures.py), and refuse the `original`
+the labels of the reference pipeline (tests/fixtures/sapiens2.py), and refuse the `original`
 mode with the reason.
 
 Run through ctest (it sets SAPIENS_SEG_BUILD and SAPIENS_SEG_FIXTURES)."""

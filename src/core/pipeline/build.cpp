@@ -4,8 +4,9 @@
 
 namespace sapiens_seg::core {
 
-Built build(Family family, const MappedFile& file, const std::string& path,
-            const BuildRequest& request) {
+namespace {
+Built build_family(Family family, const MappedFile& file, const std::string& path,
+                   const BuildRequest& request) {
   switch (family) {
     case Family::kSapiensV1:
       return v1::build(file, path, request);
@@ -13,6 +14,19 @@ Built build(Family family, const MappedFile& file, const std::string& path,
       return v2::build(file, path, request);
   }
   throw Error(ErrorCode::kInternal, "no build function for the family of " + path);
+}
+}  // namespace
+
+Built build(Family family, const MappedFile& file, const std::string& path,
+            const BuildRequest& request) {
+  Built net = build_family(family, file, path, request);
+  if (request.card && request.card->num_classes > 0 &&
+      net.num_classes != request.card->num_classes) {
+    throw Error(ErrorCode::kFormatError,
+                path + ": the network has " + std::to_string(net.num_classes) +
+                    " classes but its card lists " + std::to_string(request.card->num_classes));
+  }
+  return net;
 }
 
 std::unique_ptr<Runner> pick_runner(Mode mode, const c10::Device& device,

@@ -24,6 +24,7 @@ struct CardFacts {
   std::string id, source;  // the card's id and the card file it was read from (messages)
   int heads = 0;           // 0: the card does not say
   int input_height = 0, input_width = 0, patch = 16;
+  int num_classes = 0;  // 0: the card does not say
 };
 
 struct BuildRequest {
@@ -43,7 +44,7 @@ struct Built {
 
 // The family's network from `file` (the checkpoint's bytes; `path` names it in messages).
 // Throws Error(kFormatError) for a checkpoint the family cannot read or that contradicts its
-// card, Error(kBackendUnavailable) for a mode that cannot run it.
+// card (heads, input size, classes), Error(kBackendUnavailable) for a mode that cannot run it.
 Built build(Family family, const MappedFile& file, const std::string& path,
             const BuildRequest& request);
 

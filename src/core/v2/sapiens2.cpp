@@ -38,6 +38,36 @@ std::string block_key(int64_t i, const char* rest) {
   return "backbone.blocks." + std::to_string(i) + "." + rest;
 }
 
+// own_ops (bfloat16 and float16 on the CPU): the library's one-pass RMSNorm; else LibTorch's.
+at::Tensor rms_norm(const at::Tensor& t, const at::Tensor& w, bool own_ops) {
+  return own_ops ? rms_norm_cpu(t, w, kRmsNormEps) : at::rms_norm(t, {t.size(-1)}, w, kRmsNormEps);
+}
+
+// RoPE in bf16 on every token's q/k [B, heads, N, hd] (the `pre` prefix tokens are only rounded,
+// not rotated), as the authors' module does even in an fp32 model.
+at::Tensor apply_rope(const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin,
+                      int64_t pre) {
+  const at::Tensor b = t.to(at::kBFloat16);
+  at::Tensor p = b.narrow(2, pre, b.size(2) - pre);
+  p = p.mul(cos).add(rotate_half(p).mul(sin));
+  return at::cat({b.narrow(2, 0, pre), p}, 2).to(t.scalar_type());
+}
+
+// The backbone's float32 GEMMs stay on MKL, LibTorch's own choice and so the authors' module's,
+// on every CPU, whatever cpu/gemm.hpp picks for Sapiens v1 and the heads: the bf16 rounding of
+// q and k before RoPE turns oneDNN's different float32 ulps into whole bf16 steps. With
+// oneDNN's GEMMs the tiny fixture's logits moved 0.0026-0.0058 from the reference, against
+// 4-7e-6 with MKL and the 0.002 bar (ParitySapiens2.Float32BackboneKeepsTheModulesGemms).
+at::Tensor backbone_linear(const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
+  return at::linear(t, w, bias);
+}
+
+at::Tensor norm_silu(at::Tensor y) {
+  y = at::instance_norm(y, {}, {}, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1,
+                        kInstanceNormEps, /*cudnn_enabled=*/false);
+  return at::silu_(y);
+}
+
 }  // namespace
 
 // ---- key names -------------------------------------------------------------------------------
@@ -309,16 +339,6 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& periods, int64_t
   return {angles.cos(), angles.sin()};
 }
 
-// ---- trace -----------------------------------------------------------------------------------
-
-bool Trace::wants(const std::string& name) const {
-  return wanted.empty() || std::find(wanted.begin(), wanted.end(), name) != wanted.end();
-}
-
-void Trace::put(const std::string& name, const at::Tensor& t) {
-  if (wants(name)) tensors[name] = t.to(at::kCPU, at::kFloat).contiguous();
-}
-
 // ---- network ---------------------------------------------------------------------------------
 
 Network::Network(const TensorMap& t, Config config, at::Device device, at::ScalarType dtype)
@@ -370,7 +390,15 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   }
 }
 
-at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
+at::Tensor Network::forward(const at::Tensor& input) const {
+  c10::InferenceMode guard;
+  at::Tensor x = embed(input);
+  x = blocks(std::move(x), 0, blocks_.size());
+  x = final_norm(x);
+  return head(std::move(x));
+}
+
+at::Tensor Network::embed(const at::Tensor& input) const {
   c10::InferenceMode guard;
   const auto& c = config_;
   if (input.dim() != 4 || input.size(1) != 3 || input.size(2) != c.input_h ||
@@ -379,136 +407,156 @@ at::Tensor Network::forward(const at::Tensor& input, Trace* trace) const {
                 "network input must be [B,3," + std::to_string(c.input_h) + "," +
                     std::to_string(c.input_w) + "], got " + shape_str(input.sizes()));
   }
-  const int64_t B = input.size(0), C = c.embed_dim, hd = c.head_dim, H = c.heads;
-  const int64_t gh = c.input_h / c.patch, gw = c.input_w / c.patch, P = gh * gw;
-  const int64_t pre = c.prefix_tokens(), N = pre + P;
-  if (trace) {
-    trace->put("rope_cos", rope_cos_);
-    trace->put("rope_sin", rope_sin_);
+  const int64_t B = input.size(0);
+  const at::Tensor x =
+      at::conv2d(input.to(device_, dtype_), patch_w_, patch_b_, {c.patch, c.patch});
+  return at::cat(
+      {prefix_.expand({B, c.prefix_tokens(), c.embed_dim}), x.flatten(2).transpose(1, 2)}, 1);
+}
+
+// One call's blocks share the CPU attention path, chosen per call (SAPIENS_SEG_CPU_ATTENTION set
+// after the load still counts), and the MLP's row buffers, allocated once rather than per block.
+struct Network::Pass {
+  int64_t batch = 0, tokens = 0;
+  attention::CpuAttentionPath attn_path = attention::CpuAttentionPath::kLibTorch;
+  bool own_ops = false;
+  at::Tensor mlp_g, mlp_a;
+};
+
+at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
+  c10::InferenceMode guard;
+  if (first > end || end > blocks_.size()) {
+    throw Error(ErrorCode::kInternal, "blocks [" + std::to_string(first) + ", " +
+                                          std::to_string(end) + ") of a network of " +
+                                          std::to_string(blocks_.size()));
   }
-
-  at::Tensor x = at::conv2d(input.to(device_, dtype_), patch_w_, patch_b_, {c.patch, c.patch});
-  x = at::cat({prefix_.expand({B, pre, C}), x.flatten(2).transpose(1, 2)}, 1);  // [B, N, C]
-  if (trace) trace->put("tokens", x);
-
-  // RoPE in bf16 on every token's q/k (the prefix tokens are only rounded, not rotated), as the
-  // authors' module does even in an fp32 model.
-  auto rope = [&](const at::Tensor& t) {
-    at::Tensor b = t.to(at::kBFloat16);
-    at::Tensor p = b.narrow(2, pre, P);
-    p = p.mul(rope_cos_).add(rotate_half(p).mul(rope_sin_));
-    return at::cat({b.narrow(2, 0, pre), p}, 2).to(t.scalar_type());
-  };
-
+  Pass pass;
+  pass.batch = x.size(0);
+  pass.tokens = x.size(1);
   // float32 keeps LibTorch's attention, the authors' module's own: the bf16 rounding of q and k
-  // before RoPE (above) turns the kernel's float32-ulp differences into whole bf16 steps in later
-  // blocks, which added up to 0.003-0.012 in the tiny fixture's logits, over the 0.002 bar of
-  // float32 (the kernel itself is as close to exact attention as LibTorch's). bfloat16 has no
-  // such bar and gains 2.4-2.6x in attention (benchmarks/attention_bench.cpp).
-  const attention::CpuAttentionPath attn_path =
-      device_.is_cpu() && x.scalar_type() != at::kFloat
-          ? attention::cpu_attention_path(x.scalar_type(), hd)
-          : attention::CpuAttentionPath::kLibTorch;
+  // before RoPE turns the kernel's float32-ulp differences into whole bf16 steps in later blocks,
+  // which added up to 0.003-0.012 in the tiny fixture's logits, over the 0.002 bar of float32
+  // (the kernel itself is as close to exact attention as LibTorch's). bfloat16 has no such bar
+  // and gains 2.4-2.6x in attention (benchmarks/attention_bench.cpp).
+  if (device_.is_cpu() && x.scalar_type() != at::kFloat) {
+    pass.attn_path = attention::cpu_attention_path(x.scalar_type(), config_.head_dim);
+  }
   // bfloat16 and float16 on the CPU: the library's one-pass RMSNorm and SwiGLU gate
   // (v2/cpu_ops.hpp), LibTorch's arithmetic in a fraction of its passes, and the MLP in chunks of
   // rows; float32 keeps the module's op sequence.
-  const bool own_ops = device_.is_cpu() && dtype_ != at::kFloat;
-  auto rms_norm = [&](const at::Tensor& t, const at::Tensor& w) {
-    return own_ops ? rms_norm_cpu(t, w, kRmsNormEps)
-                   : at::rms_norm(t, {t.size(-1)}, w, kRmsNormEps);
-  };
-  // x += w3(silu(g) * u) + b3 with [g | u] = w12(h) + b12, kMlpRows tokens at a time into two
-  // buffers reused block after block, the gate in one pass (swiglu_cpu). The module's ops made a
-  // fresh [N, 2F] map per block and three passes over it: at 0.4b in bfloat16 on an AMX Xeon the
-  // bias copy into it took 213 ms a call, the SiLU of its strided half 193 ms, the product 202 ms
-  // (benchmarks/results/cpu-profile-s2_full_0.4b-amx.json has the totals).
-  at::Tensor mlp_g, mlp_a;
-  auto mlp_cpu = [&](const Block& b, const at::Tensor& h) {
-    const int64_t M = B * N, F = b.w12_w.size(0) / 2;
-    if (!mlp_g.defined() || mlp_g.size(1) != 2 * F) {
-      mlp_g = at::empty({std::min(kMlpRows, M), 2 * F}, h.options());
-      mlp_a = at::empty({std::min(kMlpRows, M), F}, h.options());
-    }
-    const at::Tensor xm = x.view({M, C}), hm = h.view({M, C}), w12t = b.w12_w.t();
-    for (int64_t r = 0; r < M; r += kMlpRows) {
-      const int64_t n = std::min(kMlpRows, M - r);
-      at::Tensor g = mlp_g.narrow(0, 0, n);
-      at::addmm_out(g, b.w12_b, hm.narrow(0, r, n), w12t);
-      const at::Tensor a = mlp_a.narrow(0, 0, n);
-      swiglu_cpu(a, g);
-      xm.narrow(0, r, n).add_(at::linear(a, b.w3_w, b.w3_b));
-    }
-  };
+  pass.own_ops = device_.is_cpu() && dtype_ != at::kFloat;
+  for (size_t i = first; i < end; ++i) x = block(blocks_[i], std::move(x), pass);
+  return x;
+}
+
+at::Tensor Network::block(const Block& b, at::Tensor x, Pass& pass) const {
+  const auto& c = config_;
+  const int64_t B = pass.batch, N = pass.tokens, hd = c.head_dim, pre = c.prefix_tokens();
   // q and k: normalised per head over rows of hd, then viewed as [B, heads, N, hd]. The library's
   // norm takes the projection's contiguous rows before the transpose (no copy); the module's
   // takes the transposed view, as the authors' code does.
   auto heads = [&](const at::Tensor& proj, int64_t n_heads, const at::Tensor& w) {
     const at::Tensor t = proj.view({B, N, n_heads, hd});
-    return own_ops ? rms_norm(t, w).transpose(1, 2) : rms_norm(t.transpose(1, 2), w);
+    return pass.own_ops ? rms_norm(t, w, true).transpose(1, 2)
+                        : rms_norm(t.transpose(1, 2), w, false);
   };
-  // The backbone's float32 GEMMs stay on MKL, LibTorch's own choice and so the authors' module's,
-  // on every CPU, whatever cpu/gemm.hpp picks for Sapiens v1 and the heads: the bf16 rounding of
-  // q and k before RoPE turns oneDNN's different float32 ulps into whole bf16 steps. With
-  // oneDNN's GEMMs the tiny fixture's logits moved 0.0026-0.0058 from the reference, against
-  // 4-7e-6 with MKL and the 0.002 bar (ParitySapiens2.Float32BackboneKeepsTheModulesGemms).
-  auto linear = [](const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
-    return at::linear(t, w, bias);
-  };
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const Block& b = blocks_[i];
-    const int64_t kv = b.kv_heads;
-    at::Tensor h = rms_norm(x, b.ln1_w);
-    at::Tensor q = rope(heads(linear(h, b.wq_w, b.wq_b), H, b.q_norm_w));
-    at::Tensor k = rope(heads(linear(h, b.wk_w, b.wk_b), kv, b.k_norm_w));
-    at::Tensor v = linear(h, b.wv_w, b.wv_b).view({B, N, kv, hd}).transpose(1, 2);
-    at::Tensor o;
-    if (device_.is_cpu()) {  // takes the grouped kv heads as they are
-      o = attention::cpu_attention(q, k, v, attn_path).view({B, N, C});
-    } else {
-      if (kv != H) {  // kv head j serves query heads j*f .. j*f+f-1
-        k = k.repeat_interleave(H / kv, 1);
-        v = v.repeat_interleave(H / kv, 1);
-      }
-      o = at::scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape({B, N, C});
-    }
-    x = x + linear(o, b.proj_w, b.proj_b).mul(b.gamma);
-    h = rms_norm(x, b.ln2_w);
-    if (own_ops) {
-      mlp_cpu(b, h);
-    } else {
-      // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.
-      const auto halves = linear(h, b.w12_w, b.w12_b).chunk(2, -1);
-      x = x + linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
-    }
-    if (trace) {
-      trace->put((i < 10 ? "block_0" : "block_") + std::to_string(i), x);
-    }
+  auto rope = [&](const at::Tensor& t) { return apply_rope(t, rope_cos_, rope_sin_, pre); };
+  at::Tensor h = rms_norm(x, b.ln1_w, pass.own_ops);
+  const at::Tensor q = rope(heads(backbone_linear(h, b.wq_w, b.wq_b), c.heads, b.q_norm_w));
+  const at::Tensor k = rope(heads(backbone_linear(h, b.wk_w, b.wk_b), b.kv_heads, b.k_norm_w));
+  const at::Tensor v =
+      backbone_linear(h, b.wv_w, b.wv_b).view({B, N, b.kv_heads, hd}).transpose(1, 2);
+  x = x + backbone_linear(attend(q, k, v, pass), b.proj_w, b.proj_b).mul(b.gamma);
+  h = rms_norm(x, b.ln2_w, pass.own_ops);
+  if (pass.own_ops) {
+    add_mlp_chunked(b, h, x, pass);
+    return x;
   }
-  x = rms_norm(x, ln_w_);
-  if (trace) trace->put("final_norm", x);
-  // The CPU's fused head (head/cpu_head.hpp) has no stage outputs to trace; a trace takes the
-  // module's own ops below, as every other device does.
-  if (!cpu_head_.empty() && !trace)
-    return cpu_head_.forward(x.narrow(1, pre, P).contiguous(), gh, gw);
-  x = x.narrow(1, pre, P).reshape({B, gh, gw, C}).permute({0, 3, 1, 2}).contiguous();
-  if (trace) trace->put("featmap", x);
+  // w12's rows [0, F) go through the SiLU (the gate), rows [F, 2F) are multiplied by it.
+  const auto halves = backbone_linear(h, b.w12_w, b.w12_b).chunk(2, -1);
+  return x + backbone_linear(at::silu(halves[0]).mul(halves[1]), b.w3_w, b.w3_b);
+}
 
-  auto norm_silu = [](at::Tensor y) {
-    y = at::instance_norm(y, {}, {}, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1,
-                          kInstanceNormEps, /*cudnn_enabled=*/false);
-    return at::silu_(y);
-  };
-  int stage = 0;
-  for (const auto& w : deconv_w_) {
-    x = norm_silu(at::conv_transpose2d(x, w, {}, /*stride=*/2, /*padding=*/1));
-    if (trace) trace->put("head_" + std::to_string(stage), x);
-    ++stage;
+// q [B, heads, N, hd]; k and v [B, kv_heads, N, hd] -> [B, N, C].
+at::Tensor Network::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const Pass& pass) const {
+  const int64_t B = pass.batch, N = pass.tokens, C = config_.embed_dim, H = config_.heads;
+  if (device_.is_cpu()) {  // takes the grouped kv heads as they are
+    return attention::cpu_attention(q, k, v, pass.attn_path).view({B, N, C});
   }
-  for (size_t s = 0; s < conv_w_.size(); ++s) {
-    x = norm_silu(at::conv2d(x, conv_w_[s], conv_b_[s]));
-    if (trace) trace->put("head_" + std::to_string(stage), x);
-    ++stage;
+  const int64_t kv = k.size(1);
+  if (kv == H) return at::scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape({B, N, C});
+  // kv head j serves query heads j*f .. j*f+f-1
+  return at::scaled_dot_product_attention(q, k.repeat_interleave(H / kv, 1),
+                                          v.repeat_interleave(H / kv, 1))
+      .transpose(1, 2)
+      .reshape({B, N, C});
+}
+
+// x += w3(silu(g) * u) + b3 with [g | u] = w12(h) + b12, kMlpRows tokens at a time into two
+// buffers reused block after block, the gate in one pass (swiglu_cpu). The module's ops made a
+// fresh [N, 2F] map per block and three passes over it: at 0.4b in bfloat16 on an AMX Xeon the
+// bias copy into it took 213 ms a call, the SiLU of its strided half 193 ms, the product 202 ms
+// (benchmarks/results/cpu-profile-s2_full_0.4b-amx.json has the totals).
+void Network::add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Tensor& x,
+                              Pass& pass) const {
+  const int64_t M = pass.batch * pass.tokens, C = config_.embed_dim, F = b.w12_w.size(0) / 2;
+  if (!pass.mlp_g.defined() || pass.mlp_g.size(1) != 2 * F) {
+    pass.mlp_g = at::empty({std::min(kMlpRows, M), 2 * F}, h.options());
+    pass.mlp_a = at::empty({std::min(kMlpRows, M), F}, h.options());
   }
+  const at::Tensor xm = x.view({M, C}), hm = h.view({M, C}), w12t = b.w12_w.t();
+  for (int64_t r = 0; r < M; r += kMlpRows) {
+    const int64_t n = std::min(kMlpRows, M - r);
+    at::Tensor g = pass.mlp_g.narrow(0, 0, n);
+    at::addmm_out(g, b.w12_b, hm.narrow(0, r, n), w12t);
+    const at::Tensor a = pass.mlp_a.narrow(0, 0, n);
+    swiglu_cpu(a, g);
+    xm.narrow(0, r, n).add_(at::linear(a, b.w3_w, b.w3_b));
+  }
+}
+
+at::Tensor Network::final_norm(const at::Tensor& x) const {
+  c10::InferenceMode guard;
+  return rms_norm(x, ln_w_, device_.is_cpu() && dtype_ != at::kFloat);
+}
+
+at::Tensor Network::head(at::Tensor x) const {
+  c10::InferenceMode guard;
+  const auto& c = config_;
+  const int64_t pre = c.prefix_tokens(), gh = c.input_h / c.patch, gw = c.input_w / c.patch;
+  if (!cpu_head_.empty()) return cpu_head_.forward(x.narrow(1, pre, gh * gw).contiguous(), gh, gw);
+  // The featmap is a copy: the tokens can go before the head's large maps are made.
+  x = featmap(x);
+  for (size_t s = 0; s < head_stages(); ++s) x = head_stage(s, x);
+  return classify(x);
+}
+
+at::Tensor Network::featmap(const at::Tensor& x) const {
+  c10::InferenceMode guard;
+  const auto& c = config_;
+  const int64_t pre = c.prefix_tokens(), gh = c.input_h / c.patch, gw = c.input_w / c.patch;
+  return x.narrow(1, pre, gh * gw)
+      .reshape({x.size(0), gh, gw, c.embed_dim})
+      .permute({0, 3, 1, 2})
+      .contiguous();
+}
+
+at::Tensor Network::head_stage(size_t s, const at::Tensor& x) const {
+  c10::InferenceMode guard;
+  if (s < deconv_w_.size()) {
+    return norm_silu(at::conv_transpose2d(x, deconv_w_[s], {}, /*stride=*/2, /*padding=*/1));
+  }
+  const size_t k = s - deconv_w_.size();
+  if (k >= conv_w_.size()) {
+    throw Error(ErrorCode::kInternal,
+                "head stage " + std::to_string(s) + " of " + std::to_string(head_stages()));
+  }
+  return norm_silu(at::conv2d(x, conv_w_[k], conv_b_[k]));
+}
+
+at::Tensor Network::classify(const at::Tensor& x) const {
+  c10::InferenceMode guard;
   return at::conv2d(x, seg_w_, seg_b_);
 }
 

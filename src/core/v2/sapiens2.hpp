@@ -3,9 +3,9 @@
 // Architecture and numerics: the project's spec of Sapiens2 (sections 2-4 and 8).
 #pragma once
 
-#include <map>
+#include <cstddef>
 #include <optional>
-#include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -61,27 +61,41 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& periods_bf16, in
 // RoPE's rotate-half over the last dim (attention/rope.hpp).
 using attention::rotate_half;
 
-// Named intermediates for parity tests ("tokens", "rope_cos", "rope_sin", "block_08",
-// "final_norm", "featmap", "head_0".."head_5"), recorded only for the names asked for.
-struct Trace {
-  std::vector<std::string> wanted;  // empty: record everything
-  std::map<std::string, at::Tensor> tensors;
-  bool wants(const std::string& name) const;
-  void put(const std::string& name, const at::Tensor& t);
-};
-
 class Network {
  public:
   // Copies the weights to `device` in `dtype` (one conversion each; the mapped file is only read).
   Network(const TensorMap& tensors, Config config, at::Device device, at::ScalarType dtype);
 
   // x: [B, 3, input_h, input_w] normalised RGB, any float dtype on any device; returns the logits
-  // [B, classes, input_h, input_w] in the network dtype on its device.
-  at::Tensor forward(const at::Tensor& x, Trace* trace = nullptr) const;
+  // [B, classes, input_h, input_w] in the network dtype on its device. The stages below, in order:
+  // embed, blocks [0, depth), final_norm, head.
+  at::Tensor forward(const at::Tensor& x) const;
   at::Device device() const { return device_; }
   const head::CpuHead& cpu_head() const { return cpu_head_; }  // empty off the CPU
 
   const Config& config() const { return config_; }
+
+  // ---- forward's stages, public so that parity tests can hold each one to the reference --------
+  // Tokens are [B, 1 + registers + grid_h * grid_w, C] in the network dtype on its device.
+
+  // Checks x as forward does; the patch embedding behind the cls and storage tokens.
+  at::Tensor embed(const at::Tensor& x) const;
+  // Transformer blocks [first, end) on the tokens.
+  at::Tensor blocks(at::Tensor tokens, size_t first, size_t end) const;
+  at::Tensor final_norm(const at::Tensor& tokens) const;
+  // The head forward runs: the CPU's fused head where there is one, else the module's ops
+  // (featmap, every head_stage, classify).
+  at::Tensor head(at::Tensor tokens) const;
+  // The head as the authors' module runs it, one op group at a time: the patch tokens as a map
+  // [B, C, grid_h, grid_w]; stage s < head_stages() (the deconvolutions, then the 1x1
+  // convolutions, each followed by InstanceNorm and SiLU); the classifier (conv_seg).
+  at::Tensor featmap(const at::Tensor& tokens) const;
+  size_t head_stages() const { return deconv_w_.size() + conv_w_.size(); }
+  at::Tensor head_stage(size_t s, const at::Tensor& x) const;
+  at::Tensor classify(const at::Tensor& x) const;
+  // The bf16 RoPE tables [grid_h * grid_w, hd] of the configured input grid.
+  const at::Tensor& rope_cos() const { return rope_cos_; }
+  const at::Tensor& rope_sin() const { return rope_sin_; }
 
  private:
   struct Block {
@@ -89,6 +103,12 @@ class Network {
         ln2_w, w12_w, w12_b, w3_w, w3_b;
     int64_t kv_heads = 0;
   };
+  struct Pass;  // what one call's blocks share (sapiens2.cpp)
+  at::Tensor block(const Block& b, at::Tensor x, Pass& pass) const;
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const Pass& pass) const;
+  void add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Tensor& x, Pass& pass) const;
+
   Config config_;
   at::ScalarType dtype_;
   at::Device device_;
@@ -96,7 +116,7 @@ class Network {
   at::Tensor rope_cos_, rope_sin_;         // bf16 tables for the configured input grid
   std::vector<Block> blocks_;
   at::Tensor ln_w_;
-  std::vector<at::Tensor> deconv_w_, conv_w_, conv_b_;  // the head as stored (traces, GPUs)
+  std::vector<at::Tensor> deconv_w_, conv_w_, conv_b_;  // the head as stored (the module's ops)
   at::Tensor seg_w_, seg_b_;
   head::CpuHead cpu_head_;  // the same head on the CPU, fused (empty elsewhere)
 };

@@ -5,15 +5,15 @@
 # reference, whole-network parity, CUDA-graph capture) and the full-size speed step, and leave at
 # most eight files in $OUT, refreshed after every step so a run cut short still returns its logs.
 #
-#   tools/gpu_check.sh --prepare    on the development machine: copy the header-only pieces the
-#                                   GPU machine lacks (nlohmann/json, GoogleTest sources, zlib's
-#                                   headers, cudnn-frontend) into third_party/_carry (git-ignored),
-#                                   the folder to carry along
-#   tools/gpu_check.sh              on the GPU machine (results in $OUT)
-#   tools/gpu_check.sh --rehearse   without a GPU: every step up to the first CUDA call (the GPU
-#                                   tests skip, saying why; speed_check reports CUDA unavailable);
-#                                   the step limits are reported, not enforced, since a 2-core
-#                                   machine builds several times slower than the GPU machine
+#   tools/gpu/gpu_check.sh --prepare   on the development machine: copy the header-only pieces
+#                                      the GPU machine lacks (nlohmann/json, GoogleTest sources,
+#                                      zlib's headers, cudnn-frontend) into third_party/_carry
+#                                      (git-ignored), the folder to carry along
+#   tools/gpu/gpu_check.sh             on the GPU machine (results in $OUT)
+#   tools/gpu/gpu_check.sh --rehearse  without a GPU: every step up to the first CUDA call (the
+#                                      GPU tests skip, saying why; speed_check reports CUDA
+#                                      unavailable); the step limits are reported, not enforced,
+#                                      since a 2-core machine builds several times slower
 #
 # Steps and their limits (seconds, each also cut to what is left of GPU_CHECK_BUDGET_S = 540):
 #   preflight 20, configure 60, build 210 (fixtures alongside, in the background), gpu_tests 130,
@@ -27,7 +27,7 @@
 # step's protocol arguments), GPU_CHECK_BUILD (the build folder).
 set -uo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 carry=$root/third_party/_carry
 mode=run
@@ -362,7 +362,7 @@ fixtures_deadline=$((step_t0 + lim))
     t0=$(date +%s)
     left=$((fixtures_deadline - t0))
     [ "$left" -lt 1 ] && left=1
-    timed "$left" "$PY" tools/gpu_fixtures.py --out "$fixtures" --threads "$(((jobs + 1) / 2))" \
+    timed "$left" "$PY" tests/fixtures/gpu.py --out "$fixtures" --threads "$(((jobs + 1) / 2))" \
       --only "$f" >"$logs/fixture_$f.log" 2>&1
     printf '%s\t%s\t%s\n' "$f" "$(status_of $?)" $(($(date +%s) - t0)) >>"$logs/fixtures.tsv"
   done

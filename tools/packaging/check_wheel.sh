@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Does the repaired wheel (tools/build_wheel.sh) install and work on a machine that has none of
-# the build machine's libraries? In a minimal Debian root file system (debootstrap
+# Does the repaired wheel (tools/packaging/build_wheel.sh) install and work on a machine that has
+# none of the build machine's libraries? In a minimal Debian root file system (debootstrap
 # --variant=minbase, plus python3 and python3-venv: no -dev package, no OpenCV, no libcurl),
 # entered with chroot: a venv with the wheel and the pinned torch (pip --no-index from a folder
-# of wheels downloaded once here), then tools/check_wheel_chroot.py segments
+# of wheels downloaded once here), then tools/packaging/check_wheel_chroot.py segments
 # examples/astronaut.jpg with the tiny fixture from Python and with the sapiens-seg CLI, segments
 # four short videos (H.264/MP4, MPEG-4 Part 2/AVI, VP9/WebM, AV1/Matroska) into H.264 overlay
 # videos, downloads a model through the loopback stand-in for the Hub (tests/python/hub_server.py)
@@ -14,11 +14,12 @@
 # Back here, ffprobe checks the overlay videos. The run is recorded in
 # benchmarks/results/wheel-check.json.
 #
-#   tools/check_wheel.sh [--wheel FILE] [--dist bookworm|trixie] [--keep] [--no-record]
+#   tools/packaging/check_wheel.sh [--wheel FILE] [--dist bookworm|trixie] [--keep] [--no-record]
 #
-#   --wheel FILE  the wheel to check (default: build one with tools/build_wheel.sh)
+#   --wheel FILE  the wheel to check (default: build one with tools/packaging/build_wheel.sh)
 #   --dist NAME   the Debian release of the root (default bookworm, whose python3 is 3.11; trixie
-#                 has 3.13 and needs a cp313 wheel: tools/build_wheel.sh --python python3.13)
+#                 has 3.13 and needs a cp313 wheel: tools/packaging/build_wheel.sh
+#                 --python python3.13)
 #   --keep        leave the scratch folder (root file system, outputs) behind
 #
 # Needs root (debootstrap, mount, chroot), Debian's debootstrap (installed when missing) and
@@ -28,11 +29,11 @@
 # Not part of ctest or .ci/run: too slow, and it needs root. With the wheel already built, a run
 # took about 4 minutes on the 2-core build machine (the times are in wheel-check.json), then a
 # minute or two to delete the root; installing torch and its CUDA packages into the root is the
-# largest part. Building the wheel first (tools/build_wheel.sh)
+# largest part. Building the wheel first (tools/packaging/build_wheel.sh)
 # adds about 25 minutes for the trimmed libraries the first time, and the project's build.
 set -Eeuo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 keep=0 record=1 wheel="" dist=bookworm
 while [ $# -gt 0 ]; do
@@ -96,8 +97,8 @@ bind() {  # bind SRC DST [ro]
 
 # ---- 1. the wheel ----------------------------------------------------------------------------
 if [ -z "$wheel" ]; then
-  log "building the repaired wheel (tools/build_wheel.sh)"
-  tools/build_wheel.sh -o "$scratch/dist"
+  log "building the repaired wheel (tools/packaging/build_wheel.sh)"
+  tools/packaging/build_wheel.sh -o "$scratch/dist"
   wheel=$(ls "$scratch"/dist/sapiens_seg-*.whl)
 fi
 [ -f "$wheel" ] || fail "no wheel $wheel"
@@ -142,7 +143,7 @@ cp_tag=cp${dist_py/./}
 case "$wheel_name" in
   *-"$cp_tag"-"$cp_tag"-*) ;;
   *) fail "$dist's python3 is $dist_py: it needs a $cp_tag wheel, not $wheel_name" \
-       "(tools/build_wheel.sh --python python$dist_py)" ;;
+       "(tools/packaging/build_wheel.sh --python python$dist_py)" ;;
 esac
 dev=$(in_root dpkg-query -W -f '${Package}\n' | grep -E -- '-dev$|opencv|curl|libav' || true)
 [ -z "$dev" ] || fail "the root holds $dev"
@@ -163,15 +164,15 @@ fi
 work=$root/check
 mkdir -p "$work/videos" "$work/fixtures"
 cp "$wheel" "$work/"
-cp examples/astronaut.jpg tests/python/hub_server.py tools/check_wheel_chroot.py "$work/"
+cp examples/astronaut.jpg tests/python/hub_server.py tools/packaging/check_wheel_chroot.py "$work/"
 # The release build's fixtures, else a copy made once for this check.
 fixtures=$repo/build/fixtures
 have_fixtures() { [ -f "$1/tiny_b_torchscript.pt2" ] && [ -f "$1/cards/tiny_b.json" ]; }
 if ! have_fixtures "$fixtures"; then
   fixtures=$deps/fixtures
   if ! have_fixtures "$fixtures"; then
-    log "making the tiny fixtures (tools/make_fixtures.py)"
-    "$py" tools/make_fixtures.py --out "$fixtures" --only tiny_a tiny_b >/dev/null
+    log "making the tiny fixtures (tests/fixtures/make_fixtures.py)"
+    "$py" tests/fixtures/make_fixtures.py --out "$fixtures" --only tiny_a tiny_b >/dev/null
   fi
 fi
 cp "$fixtures"/tiny_{a,b}_torchscript.pt2 "$work/fixtures/"
@@ -198,7 +199,7 @@ in_root python3 -m venv /opt/venv
 in_root /opt/venv/bin/pip install -q --no-index --find-links /wheelhouse "/check/$wheel_name" ||
   fail "pip install in the $dist root"
 install_s=$(($(date +%s) - t_install))
-log "installed in ${install_s} s; running tools/check_wheel_chroot.py there"
+log "installed in ${install_s} s; running tools/packaging/check_wheel_chroot.py there"
 in_root /opt/venv/bin/python /check/check_wheel_chroot.py /check ||
   fail "the checks in the $dist root"
 for m in "$root/wheelhouse" "$root/dev" "$root/proc"; do umount "$m"; done
@@ -265,7 +266,8 @@ rec.setdefault("chroots", {})[dist] = {
     "machine": {k: facts[k] for k in ("cpu", "cores", "memory_gib", "os")},
 }
 rec["segmented"] = all(c["segmented"] for c in rec["chroots"].values())
-rec["note"] = ("tools/check_wheel.sh on a shared 2-core build machine: durations are indicative")
+rec["note"] = ("tools/packaging/check_wheel.sh on a shared 2-core build machine: durations are "
+               "indicative")
 Path(out).write_text(json.dumps(rec, indent=2) + "\n")
 PY
   log "recorded in benchmarks/results/wheel-check.json"

@@ -1,5 +1,5 @@
-"""Runs inside the clean root file system of tools/check_wheel.sh, with the venv's Python into
-which the repaired wheel and the pinned torch were installed (and nothing else).
+"""Runs inside the clean root file system of tools/packaging/check_wheel.sh, with the venv's
+Python into which the repaired wheel and the pinned torch were installed (and nothing else).
 
     python check_wheel_chroot.py DIR   # DIR: what check_wheel.sh copied in; writes DIR/result.json
 

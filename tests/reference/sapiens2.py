@@ -20,7 +20,8 @@ Also here: the authors' demo preprocessing (spec §5), a strict checkpoint loade
 files are loaded non-strictly by the authors; the project's loader refuses any mismatch), and the
 key conversion between the authors' names and the newest Hugging Face transformers layout (§9).
 
-The module can be imported without side effects (`from sapiens2_reference import Sapiens2Seg`).
+The module can be imported without side effects (`from reference.sapiens2 import Sapiens2Seg`,
+with tests/ on sys.path); it imports nothing from the fixture makers (tests/fixtures/).
 """
 
 from __future__ import annotations

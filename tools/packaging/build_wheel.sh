@@ -29,7 +29,7 @@
 # The first run builds those three (about 25 min of two cores); later runs reuse them. The
 # wheel is then 15 MB with 24 vendored libraries (33 MB).
 #
-#   tools/build_wheel.sh [-o DIR] [--python PY] [--system-libs]
+#   tools/packaging/build_wheel.sh [-o DIR] [--python PY] [--system-libs]
 #
 #   -o DIR         where the repaired wheel goes (default build-wheel-deps/dist/)
 #   --python PY    build for that Python (e.g. python3.13: a cp313 wheel) instead of .venv's;
@@ -44,7 +44,7 @@
 # (build-wheel-deps/tools), never into .venv. Prints the platform tag and what was vendored.
 set -euo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 out=$repo/build-wheel-deps/dist
 python="" system_libs=0
