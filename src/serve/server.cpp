@@ -691,13 +691,14 @@ void Server::load_models() {
     }
   } catch (...) {
     Error e = as_error(std::current_exception(), "loading the models");
+    loader_done_ = true;  // before the post: run() reads it once io_ stops
     asio::post(io_, [this, e] {
       load_error_ = e;
       io_.stop();
     });
-    loader_done_ = true;
     return;
   }
+  loader_done_ = true;
   asio::post(io_, [this, loaded = std::move(loaded)]() mutable {
     BatchSettings settings;
     settings.max_batch = config_.max_batch;
@@ -713,7 +714,6 @@ void Server::load_models() {
     ready_ = true;
     std::fprintf(stderr, "sapiens-seg serve: ready\n");
   });
-  loader_done_ = true;
 }
 
 void Server::on_signal(int signo) {

@@ -570,14 +570,20 @@ def test_sigterm_drains_then_exits_0():
         futures = [ex.submit(post, s.url, data) for _ in range(3)]
         time.sleep(0.5)
         s.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        if s.proc.poll() is None:  # still draining: probes say so, new work is refused
+        # While it drains, the probe says so and new work is refused (both on a new connection:
+        # the listening socket stays open for them).
+        deadline = time.monotonic() + 10
+        while s.proc.poll() is None and time.monotonic() < deadline:
             try:
-                assert httpx.get(s.url + "/ready", timeout=5).status_code == 503
-                r = post(s.url, data, timeout=5)
-                assert r.status_code == 503 and "retry-after" in r.headers
+                r = httpx.get(s.url + "/ready", timeout=5)
+                if r.status_code == 503:
+                    assert r.json() == {"status": "draining"}
+                    r = post(s.url, data, timeout=5)
+                    assert r.status_code == 503 and "retry-after" in r.headers
+                    break
             except httpx.TransportError:
-                pass  # the drain finished in between
+                break  # the drain finished in between
+            time.sleep(0.05)
         assert [f.result(timeout=180).status_code for f in futures] == [200, 200, 200]
     assert s.proc.wait(timeout=60) == 0
     assert "drained" in s.stderr()
