@@ -361,16 +361,13 @@ class Model:
                 return []
         else:
             items = [_to_item(x, "x")]
+        is_list = isinstance(x, (list, tuple))
         results: list[Result] = []
         for start in range(0, len(items), size):
             chunk = items[start:start + size]
-            try:
-                natives = self._native.segment([item for item, _ in chunk], seg)
-            except Exception as e:
-                # The native layer numbers items within its chunk: renumber them in the list.
-                if start and len(items) > 1:
-                    _renumber(e, start)
-                raise
+            # A failed item of a list names itself by its index in the list ("x[12]: ...").
+            natives = self._native.segment([item for item, _ in chunk], seg,
+                                           start if is_list else -1)
             results.extend(Result(n, image) for n, (_, image) in zip(natives, chunk))
         return results if isinstance(x, (list, tuple)) else results[0]
 
@@ -437,15 +434,6 @@ class Prepared:
 
     def __repr__(self) -> str:
         return f"Prepared({self.width}x{self.height})"
-
-
-def _renumber(e: BaseException, offset: int) -> None:
-    """Rewrites the leading ``x[i]:`` of a native error to the item's index in the whole list."""
-    if not e.args or not isinstance(e.args[0], str):
-        return
-    m = re.match(r"x\[(\d+)\]: ", e.args[0])
-    if m:
-        e.args = (f"x[{int(m.group(1)) + offset}]: " + e.args[0][m.end():],) + e.args[1:]
 
 
 def load(name_or_path: str | os.PathLike[str], mode: str = "auto", device: Any = None,
@@ -707,6 +695,9 @@ def _rgb_array(a: np.ndarray, where: str) -> np.ndarray:
                         "(convert with .astype(numpy.uint8) if the values are 0-255)")
     if a.ndim != 3 or a.shape[2] != 3:
         raise InvalidInputError(f"{where}: expected an HxWx3 RGB array, got shape {a.shape}")
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise InvalidInputError(f"{where}: the image is empty ({a.shape[1]}x{a.shape[0]} pixels; "
+                                "both sides must be at least 32)")
     s = a.strides
     if not (s[2] == 1 and s[1] == 3 and s[0] >= 3 * a.shape[1]):
         a = np.ascontiguousarray(a)
@@ -771,6 +762,12 @@ def _to_item(x: Any, where: str) -> tuple[tuple[int, Any], np.ndarray | None]:
                 f"{where}: expected an HxWx3 (HWC) tensor, got shape {tuple(x.shape)}"
                 + (" (for CHW use .permute(1, 2, 0))" if x.dim() == 3 and x.shape[0] == 3 else ""))
         t = x.detach()
+        if t.device.type == "meta":
+            raise InvalidInputError(f"{where}: a tensor on the 'meta' device has no pixels (only "
+                                    "a shape); make it on the CPU or a GPU")
+        if t.layout != torch.strided:
+            raise InvalidInputError(f"{where}: expected a dense tensor, got layout {t.layout} "
+                                    "(use .to_dense())")
         if t.device.type != "cpu":
             t = t.cpu()
         a = _rgb_array(t.numpy(), where)

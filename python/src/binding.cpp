@@ -345,7 +345,10 @@ py::str fetch(const py::bytes& name, const py::object& progress) {
   return to_str(path);
 }
 
-py::list segment(const ss::Model& model, const py::list& items, const py::dict& options) {
+// `first_index`: the list index of items[0] in the caller's list, so that a failed item names
+// itself ("x[12]: ..."); -1 for a single image given alone.
+py::list segment(const ss::Model& model, const py::list& items, const py::dict& options,
+                 int first_index) {
   std::vector<Job> jobs;
   jobs.reserve(py::len(items));
   for (std::size_t i = 0; i < py::len(items); ++i) jobs.push_back(make_job(items[i], i));
@@ -373,9 +376,10 @@ py::list segment(const ss::Model& model, const py::list& items, const py::dict& 
       try {
         prepared.push_back(model.prepare(jobs[i].input()));
       } catch (const ss::Error& e) {
-        if (jobs.size() == 1) throw;
+        if (first_index < 0) throw;
         // Which item of the list failed, as the message's first words.
-        throw ss::Error(e.code(), "x[" + std::to_string(i) + "]: " + e.what());
+        throw ss::Error(e.code(), "x[" + std::to_string(first_index + static_cast<int>(i)) +
+                                      "]: " + e.what());
       }
     }
     if (!interrupted && check_signals()) results = model.run(prepared, opt);
@@ -749,6 +753,7 @@ PYBIND11_MODULE(_core, m) {
       .def("run", &run_prepared, py::arg("batch"), py::arg("options"),
            "Runs prepared images as one network batch (Model::run); the GIL is released.")
       .def("segment", &segment, py::arg("items"), py::arg("options"),
+           py::arg("first_index") = -1,
            "Segments a list of (kind, payload) items in one batch (prepare each, run them); "
            "`options`: {name: text} of the segment options. The GIL is released.")
       .def_property_readonly("info", &model_info);

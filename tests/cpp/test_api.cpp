@@ -172,6 +172,98 @@ TEST(UnitApi, InputKindsAgree) {
       ErrorCode::kInvalidInput, {"overlay"});
 }
 
+// segment() is prepare() then run(); Timings mean the same for every input kind and every
+// caller: total is the sum of the four stages, decode is 0 for pixels given as RGB.
+TEST(UnitApi, PrepareThenRunIsSegmentAndTimingsHaveOneMeaning) {
+  const Model m = load_fixture("tiny_a");
+  const std::string path = fixture("images/synth_300x211.png");
+  const Result whole = m.segment(Input::file(path));
+  const Prepared ready = m.prepare(Input::file(path));
+  EXPECT_EQ(ready.height(), 300);
+  EXPECT_EQ(ready.width(), 211);
+  EXPECT_GT(ready.timings().decode, 0.0);
+  EXPECT_EQ(ready.timings().network, 0.0);
+  const std::vector<Result> halves = m.run(std::span<const Prepared>(&ready, 1));
+  ASSERT_EQ(halves.size(), 1u);
+  EXPECT_EQ(halves[0].labels, whole.labels);
+  EXPECT_EQ(halves[0].timings.decode, ready.timings().decode);
+  const Image img = read_image(path);
+  const Result from_view = m.segment(Input::rgb(img.view()));
+  for (const Result* r : {&whole, &halves[0], &from_view}) {
+    const Timings& t = r->timings;
+    EXPECT_DOUBLE_EQ(t.total, t.decode + t.preprocess + t.network + t.postprocess);
+    EXPECT_GT(t.network, 0.0);
+    EXPECT_GT(t.preprocess, 0.0);
+  }
+  EXPECT_EQ(from_view.timings.decode, 0.0);
+  // The decoded pixels stay with the Prepared for overlays.
+  const ImageView kept = ready.image();
+  ASSERT_EQ(kept.height, img.height);
+  EXPECT_TRUE(std::equal(img.rgb.begin(), img.rgb.end(), kept.data));
+}
+
+TEST(UnitApi, RunRefusesEmptyAndForeignPreparedImagesAndAnEmptyModelRefusesEverything) {
+  const Model a = load_fixture("tiny_a"), b = load_fixture("tiny_b");
+  const std::string path = fixture("images/synth_33x47.png");
+  const std::vector<Prepared> foreign{b.prepare(Input::file(path))};
+  expect_error([&] { a.run(foreign); }, ErrorCode::kInvalidInput, {"prepared by another model"});
+  const std::vector<Prepared> empty(1);
+  expect_error([&] { a.run(empty); }, ErrorCode::kInvalidInput, {"empty Prepared"});
+  EXPECT_TRUE(a.run(std::span<const Prepared>()).empty());
+  const Model none;
+  EXPECT_TRUE(none.empty());
+  expect_error([&] { (void)none.info(); }, ErrorCode::kInvalidInput, {"empty", "load()"});
+  expect_error([&] { none.segment(Input::file(path)); }, ErrorCode::kInvalidInput, {"empty"});
+  expect_error([&] { none.prepare(Input::file(path)); }, ErrorCode::kInvalidInput, {"empty"});
+  // An empty Model is a placeholder that a loaded one is assigned to.
+  Model later;
+  later = a;
+  EXPECT_FALSE(later.empty());
+  EXPECT_EQ(later.info().id, a.info().id);
+}
+
+// PNG's chunk CRC (CRC-32, as zlib computes it), for a header made by hand.
+std::uint32_t png_crc(const std::uint8_t* p, std::size_t n) {
+  std::uint32_t c = 0xffffffffu;
+  for (std::size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xffffffffu;
+}
+
+TEST(UnitApi, ReadImageInfoReadsTheHeaderOnly) {
+  const std::string path = fixture("images/synth_300x211.png");
+  const ImageInfo info = read_image_info(path);
+  EXPECT_EQ(info.format, "PNG");
+  EXPECT_EQ(info.height, 300);
+  EXPECT_EQ(info.width, 211);
+  // A PNG claiming 100000 x 100000 pixels whose image data is a 2-byte zlib header: the header
+  // is read, the pixels never are, so nothing is allocated for them (a decompression bomb).
+  std::vector<std::uint8_t> bomb = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  const auto chunk = [&](const char* type, std::vector<std::uint8_t> data) {
+    const auto n = static_cast<std::uint32_t>(data.size());
+    for (int k = 3; k >= 0; --k) bomb.push_back(static_cast<std::uint8_t>(n >> (8 * k)));
+    const std::size_t at = bomb.size();
+    bomb.insert(bomb.end(), type, type + 4);
+    bomb.insert(bomb.end(), data.begin(), data.end());
+    const std::uint32_t crc = png_crc(bomb.data() + at, bomb.size() - at);
+    for (int k = 3; k >= 0; --k) bomb.push_back(static_cast<std::uint8_t>(crc >> (8 * k)));
+  };
+  chunk("IHDR", {0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0, 8, 2, 0, 0, 0});
+  chunk("IDAT", {0x78, 0x9c});
+  chunk("IEND", {});
+  const ImageInfo big = read_image_info(bomb.data(), bomb.size());
+  EXPECT_EQ(big.width, 100000);
+  EXPECT_EQ(big.height, 100000);
+  expect_error([] { (void)read_image_info(std::string("/nonexistent.png")); }, ErrorCode::kNotFound,
+               {"nonexistent"});
+  const std::vector<std::uint8_t> junk = {'n', 'o', 't', ' ', 'a', 'n',
+                                          ' ', 'i', 'm', 'a', 'g', 'e'};
+  expect_error([&] { (void)read_image_info(junk.data(), junk.size()); }, ErrorCode::kInvalidInput,
+               {});
+}
+
 TEST(UnitApi, LogitsOnlyWhenAskedAndConsistentWithLabels) {
   const Model m = load_fixture("tiny_a");
   const Input in = Input::file(fixture("images/synth_33x47.png"));
