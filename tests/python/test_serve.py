@@ -148,6 +148,17 @@ def cli_outputs(tmp_path_factory):
     return out
 
 
+def wait_in_flight(server: Server, n: int, timeout: float = 60) -> None:
+    """Until `n` requests are admitted (read and not answered), so that a signal sent next finds
+    them in flight; the /metrics request asking counts itself, hence the + 1."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric(server.metrics(), "sapiens_seg_in_flight_requests") >= n + 1:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{n} requests were not in flight after {timeout} s")
+
+
 def raw_exchange(port: int, data: bytes, *, read_timeout: float = 10.0,
                  shut_write: bool = False) -> bytes:
     """Sends raw bytes on a fresh connection and returns what comes back until the server closes
@@ -568,7 +579,7 @@ def test_sigterm_drains_then_exits_0():
     data = (IMAGES / "synth_1080x1920.png").read_bytes()
     with ThreadPoolExecutor(3) as ex:
         futures = [ex.submit(post, s.url, data) for _ in range(3)]
-        time.sleep(0.5)
+        wait_in_flight(s, 3)
         s.proc.send_signal(signal.SIGTERM)
         # While it drains, the probe says so and new work is refused (both on a new connection:
         # the listening socket stays open for them).
@@ -595,7 +606,7 @@ def test_a_second_signal_exits_at_once():
     data = (IMAGES / "synth_1080x1920.png").read_bytes()
     with ThreadPoolExecutor(2) as ex:
         futures = [ex.submit(post, s.url, data) for _ in range(2)]
-        time.sleep(0.5)
+        wait_in_flight(s, 2)
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.1)
         s.proc.send_signal(signal.SIGINT)
