@@ -139,18 +139,17 @@ std::vector<Column> plan_columns(const Options& o, bool sapiens2) {
 // exporter before anything is timed (and by compare_outputs below, like every column).
 struct OnnxExport {
   std::string path, reason;  // the file, or why there is none
-  json meta = nullptr;       // the exporter's side file (its check against the original)
   std::string dir;           // a temporary folder to remove at the end
 };
 
 OnnxExport export_onnx(const Options& o, const std::vector<Column>& cols,
                        const std::string& model) {
   OnnxExport out;
-  out.path = o.onnx;
   const bool need_onnx = std::any_of(cols.begin(), cols.end(), [](const Column& c) {
     return c.runtime == "onnxruntime" || c.runtime.rfind("openvino", 0) == 0;
   });
   if (!need_onnx) return out;
+  out.path = o.onnx;
   if (out.path.empty()) {
     std::error_code ec;
     std::string tmpl = (fs::temp_directory_path(ec) / "speed_check_onnx.XXXXXX").string();
@@ -168,12 +167,15 @@ OnnxExport export_onnx(const Options& o, const std::vector<Column>& cols,
       out.reason = "no temporary folder for the ONNX export";
     }
   }
-  if (out.reason.empty()) {
-    std::ifstream side(out.path + ".json");
-    if (side) out.meta = json::parse(side, nullptr, false);
-    if (!fs::exists(out.path)) out.reason = "ONNX file not found: " + out.path;
-  }
+  if (out.reason.empty() && !fs::exists(out.path)) out.reason = "ONNX file not found: " + out.path;
   return out;
+}
+
+// The exporter's side file: its check of the export against the original (null without one).
+json export_check(const OnnxExport& onnx) {
+  if (onnx.path.empty() || !onnx.reason.empty()) return nullptr;
+  std::ifstream side(onnx.path + ".json");
+  return side ? json::parse(side, nullptr, false) : json(nullptr);
 }
 
 // The worker's command line: this program for the library's columns (with the load options of
@@ -495,7 +497,7 @@ int run_parent(const Options& o, const std::string& command, const char* argv0) 
     }
   }
   json meta = meta_of(o, command, model, workers, threads, omp);
-  meta["onnx_export"] = onnx.meta;
+  meta["onnx_export"] = export_check(onnx);
   meta["loadavg_at_start"] = load_at_start;
   if (!onnx.dir.empty()) {
     std::error_code ec;

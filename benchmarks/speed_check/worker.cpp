@@ -27,7 +27,8 @@ std::vector<std::uint8_t> synthetic_rgb(int h, int w, int index) {
       std::uint8_t* p = px.data() + (static_cast<size_t>(y) * w + x) * 3;
       p[0] = static_cast<std::uint8_t>((static_cast<int64_t>(x) * 255) / std::max(w - 1, 1));
       p[1] = static_cast<std::uint8_t>((static_cast<int64_t>(y) * 255) / std::max(h - 1, 1));
-      p[2] = static_cast<std::uint8_t>(((static_cast<int64_t>(x) + y) * 7 + index * 31) % 256);
+      p[2] = static_cast<std::uint8_t>(
+          ((static_cast<int64_t>(x) + y) * 7 + static_cast<int64_t>(index) * 31) % 256);
     }
   }
   return px;
