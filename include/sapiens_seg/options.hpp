@@ -70,7 +70,13 @@ struct LoadOptions {
   // model, most recent kept) and replay it: far fewer kernel launches. Each graph keeps its
   // activations' memory reserved. 0 runs every call eagerly.
   int cuda_graphs = 4;
-  // Intra-op CPU threads (0 = LibTorch's default, one per core).
+  // Intra-op CPU threads; 0 (the default) leaves LibTorch's count alone (OMP_NUM_THREADS, else
+  // one per core). Not a setting of this model: load() calls at::set_num_threads(threads), which
+  // sets the calling thread's count at once and makes `threads` the default of every thread that
+  // runs its first LibTorch CPU operation afterwards, in the whole process (your own LibTorch code
+  // included); threads that already ran LibTorch CPU work keep theirs, and the last load() with
+  // threads > 0 sets the default. It also resizes LibTorch's pthreadpool and clears its oneDNN
+  // primitive cache. docs/configuration.md#threads
   int threads = 0;
   // Downloads of missing weights (see weights.hpp): progress callback and HF_TOKEN opt-in.
   FetchOptions fetch;

@@ -4,7 +4,9 @@
 
 #include "sapiens_seg/cards.hpp"
 #include "sapiens_seg/error.hpp"
+#include "sapiens_seg/log.hpp"
 #include "sapiens_seg/model.hpp"
 #include "sapiens_seg/names.hpp"
 #include "sapiens_seg/options.hpp"
+#include "sapiens_seg/settings.hpp"
 #include "sapiens_seg/weights.hpp"

@@ -40,6 +40,7 @@ from .errors import (
 )
 from . import _core
 from . import _fork
+from ._log import get_log_level, log_to_python, log_to_stderr, set_log_level
 from . import segmentation
 from .segmentation import (
     Backend,
@@ -67,6 +68,10 @@ __all__ = [
     "find_card",
     "list_cards",
     "system_info",
+    "set_log_level",
+    "get_log_level",
+    "log_to_python",
+    "log_to_stderr",
     "Backend",
     "Card",
     "DownloadProgress",

@@ -22,6 +22,7 @@
 
 #include "cli/inputs.hpp"
 #include "cli/naming.hpp"
+#include "log_binding.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
 
 namespace py = pybind11;
@@ -634,6 +635,8 @@ py::array resize(const py::array& image, int height, int width, const std::strin
 
 }  // namespace
 
+void bind_serve(py::module_& m);  // serve_binding.cpp
+
 PYBIND11_MODULE(_core, m) {
   m.doc() =
       "Native layer of sapiens_seg (pybind11 over libsapiens_seg). Use sapiens_seg.segmentation; "
@@ -661,6 +664,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "version", [] { return std::string(ss::version()); },
       "The library's version (the C++ sapiens_seg::version()).");
+  bind_log(m);
 
   py::class_<NativeResult, NativeResultPtr>(m, "NativeResult",
                                             "One image's result as the library returned it.")
@@ -836,4 +840,5 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ITEM_FILE") = kItemFile;
   m.attr("ITEM_ENCODED") = kItemEncoded;
   m.attr("ITEM_RGB") = kItemRgb;
+  bind_serve(m);
 }

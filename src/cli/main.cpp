@@ -28,6 +28,7 @@
 #include "cli/segment.hpp"
 #include "cli/stop.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
+#include "serve/command.hpp"
 
 using namespace sapiens_seg;
 
@@ -278,6 +279,8 @@ int main(int argc, char** argv) try {
   m_rm->add_option("id", model_id, "card id")->required();
   m->require_subcommand(0, 1);
   auto* info = app.add_subcommand("info", "versions, threads and backends of this machine");
+  serve::ServeCommand serve_command;
+  auto* sv = serve::add_serve_command(app, serve_command);
 
   try {
     app.parse(argc, argv);
@@ -285,13 +288,13 @@ int main(int argc, char** argv) try {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
-  if (verbose) setenv("SAPIENS_SEG_LOG", "info", 1);
+  if (quiet) sapiens_seg::set_log_level(sapiens_seg::LogLevel::kError);
+  if (verbose) sapiens_seg::set_log_level(sapiens_seg::LogLevel::kInfo);
   try {
     if (s->parsed()) {
       cli::install_stop_handlers();
       seg.quiet = seg.quiet || quiet;
-      if (seg.quiet) setenv("SAPIENS_SEG_LOG", "error", 1);
+      if (seg.quiet) sapiens_seg::set_log_level(sapiens_seg::LogLevel::kError);
       LoadOptions load_options = cli::load_options(seg_options);
       load_options.fetch.cancel = &g_cancel;
       seg.run = cli::run_options(seg_options);
@@ -306,6 +309,7 @@ int main(int argc, char** argv) try {
       return run_models_list();
     }
     if (info->parsed()) return run_info();
+    if (sv->parsed()) return serve::run_serve(serve_command);
   } catch (...) {
     const Error e = as_error(std::current_exception(), "sapiens-seg");
     // Ctrl-C while the weights download: a cancel, not a failure (the .part file is kept).

@@ -20,6 +20,7 @@
 
 #include <curl/curl.h>
 
+#include "../core/settings.hpp"
 #include "log.hpp"
 #include "paths.hpp"
 #include "sapiens_seg/error.hpp"
@@ -31,26 +32,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// A tuning variable that is set must be a whole number in [lo, hi]: "5x" or "-1" retries would
-// otherwise be ignored, or read as 5, without a word.
-long env_long(const char* name, long fallback, long lo, long hi) {
-  const std::string v = env(name);
-  if (v.empty()) return fallback;
-  std::size_t used = 0;
-  long n = 0;
-  try {
-    n = std::stol(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || n < lo || n > hi) {
-    throw Error(ErrorCode::kInvalidInput, std::string(name) + "='" + v +
-                                              "' is not a whole number from " + std::to_string(lo) +
-                                              " to " + std::to_string(hi));
-  }
-  return n;
-}
 
 std::string errno_text(int err) {
   std::string s = std::strerror(err);
@@ -253,11 +234,12 @@ struct Tuning {
   long low_speed_time = 0;  // seconds below 1 KiB/s before an attempt is given up
 };
 
-Tuning read_tuning() {
+// Read before any file is created or locked: a malformed value fails the call at once.
+Tuning read_tuning(const core::Settings& settings) {
   Tuning t;
-  t.max_attempts = env_long("SAPIENS_SEG_DOWNLOAD_RETRIES", 5, 0, 100) + 1;
-  t.backoff_ms = env_long("SAPIENS_SEG_RETRY_BASE_MS", 1000, 0, 600000);
-  t.low_speed_time = env_long("SAPIENS_SEG_LOW_SPEED_TIME", 60, 1, 86400);
+  t.max_attempts = settings.download_retries.value() + 1;
+  t.backoff_ms = settings.retry_base_ms.value();
+  t.low_speed_time = settings.low_speed_time.value();
   return t;
 }
 
@@ -321,10 +303,10 @@ struct DropEmptyPart {
 
 // What every attempt of one download sends alike.
 struct Session {
-  explicit Session(const DownloadRequest& req)
+  Session(const DownloadRequest& req, const core::Settings& settings)
       : agent(std::string("sapiens-seg/") + SAPIENS_SEG_VERSION + " " + curl_version()),
-        token(env("HF_TOKEN")),
-        send_token((req.use_hf_token || env_flag("SAPIENS_SEG_USE_HF_TOKEN")) && !token.empty()),
+        token(settings.hf_token),
+        send_token((req.use_hf_token || settings.use_hf_token) && !token.empty()),
         protocols(loopback_http(req.url) ? "http,https" : "https") {}
   std::string agent, token;
   bool send_token;
@@ -391,10 +373,11 @@ std::string retriable_failure(const Transfer& t, CURLcode rc, const char* errbuf
 // Transfers the rest of the file into the .part file, attempt after attempt, until one ends with
 // a complete answer; throws when an attempt fails in a way that waiting cannot fix, or the
 // attempts run out.
-void fetch(const DownloadRequest& req, const Tuning& tuning, PartFile& part) {
+void fetch(const DownloadRequest& req, const core::Settings& settings, const Tuning& tuning,
+           PartFile& part) {
   std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), &curl_easy_cleanup);
   if (!curl) throw Error(ErrorCode::kInternal, "libcurl initialisation failed");
-  const Session session(req);
+  const Session session(req, settings);
   std::string last_error;
   bool resolve_failed_before = false;
 
@@ -496,7 +479,8 @@ DownloadResult download(const DownloadRequest& req) {
                 "refusing to download " + req.label + " over " + req.url +
                     ": only https (or http to this machine) is allowed");
   }
-  const Tuning tuning = read_tuning();
+  const core::Settings settings = core::read_settings();
+  const Tuning tuning = read_tuning(settings);
   const fs::path dest(req.dest);
   std::error_code ec;
   fs::create_directories(dest.parent_path(), ec);
@@ -509,7 +493,7 @@ DownloadResult download(const DownloadRequest& req) {
 
   PartFile part(req.dest + ".part", req.size);
   const DropEmptyPart drop_empty{part.path()};
-  fetch(req, tuning, part);
+  fetch(req, settings, tuning, part);
   if (req.progress) req.progress(DownloadProgress{req.label, part.have, part.have, 0});
   return place(req, part, dest);
 }

@@ -1,14 +1,17 @@
-// Minimal leveled logging to stderr. SAPIENS_SEG_LOG=debug|info|warn|error|quiet (default warn).
+// The library's own log lines: io::log(Level::kWarn, "...") goes to the public log
+// (include/sapiens_seg/log.hpp): its level (set_log_level, else SAPIENS_SEG_LOG) and its
+// callback (else stderr).
 #pragma once
 
 #include <string>
 
+#include "sapiens_seg/log.hpp"
+
 namespace sapiens_seg::io {
 
-enum class Level { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kQuiet = 4 };
+using Level = LogLevel;
 
-void log(Level level, const std::string& message);
-void set_log_level(Level level);  // overrides the environment (the CLI's -v / -q)
-Level log_level();
+// Never throws; `level` kQuiet is dropped.
+void log(Level level, const std::string& message) noexcept;
 
 }  // namespace sapiens_seg::io

@@ -2,29 +2,16 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <filesystem>
-#include <sstream>
+
+#include "../core/settings.hpp"
 
 namespace sapiens_seg::io {
 namespace fs = std::filesystem;
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
-
-bool env_flag(const char* name) {
-  std::string v = env(name);
-  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
-  return v == "1" || v == "true" || v == "yes" || v == "on";
-}
-
 namespace {
-std::string home() {
-  std::string h = env("HOME");
-  return h.empty() ? "." : h;
+fs::path home(const core::Settings& s) {
+  return s.home.empty() ? fs::path(".") : s.home;
 }
 
 // The folder of the binary that contains this function (libsapiens_seg.so, or an executable
@@ -42,10 +29,7 @@ fs::path own_dir() {
 
 std::vector<std::string> card_dirs() {
   std::vector<std::string> dirs;
-  std::stringstream ss(env("SAPIENS_SEG_CARDS"));
-  for (std::string d; std::getline(ss, d, ':');) {
-    if (!d.empty()) dirs.push_back(d);
-  }
+  for (const fs::path& d : core::read_settings().card_dirs) dirs.push_back(d.string());
   const fs::path bundled = own_dir() / ".." / "share" / "sapiens_seg" / "cards";
   std::error_code ec;
   if (fs::is_directory(bundled, ec)) dirs.push_back(fs::weakly_canonical(bundled, ec).string());
@@ -53,15 +37,17 @@ std::vector<std::string> card_dirs() {
 }
 
 std::string cache_dir() {
-  if (auto v = env("SAPIENS_SEG_HOME"); !v.empty()) return v;
-  if (auto v = env("XDG_CACHE_HOME"); !v.empty()) return (fs::path(v) / "sapiens-seg").string();
-  return (fs::path(home()) / ".cache" / "sapiens-seg").string();
+  const core::Settings s = core::read_settings();
+  if (!s.cache_home.empty()) return s.cache_home.string();
+  if (!s.xdg_cache_home.empty()) return (s.xdg_cache_home / "sapiens-seg").string();
+  return (home(s) / ".cache" / "sapiens-seg").string();
 }
 
 std::string hf_hub_cache_dir() {
-  if (auto v = env("HF_HUB_CACHE"); !v.empty()) return v;
-  if (auto v = env("HF_HOME"); !v.empty()) return (fs::path(v) / "hub").string();
-  return (fs::path(home()) / ".cache" / "huggingface" / "hub").string();
+  const core::Settings s = core::read_settings();
+  if (!s.hf_hub_cache.empty()) return s.hf_hub_cache.string();
+  if (!s.hf_home.empty()) return (s.hf_home / "hub").string();
+  return (home(s) / ".cache" / "huggingface" / "hub").string();
 }
 
 }  // namespace sapiens_seg::io

@@ -1,4 +1,5 @@
-// Where the library looks for cards and weights.
+// Where the library looks for cards and weights, from the environment as it is now
+// (core/settings.hpp; each variable is in docs/configuration.md).
 #pragma once
 
 #include <string>
@@ -13,7 +14,5 @@ std::vector<std::string> card_dirs();
 std::string cache_dir();
 // Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.
 std::string hf_hub_cache_dir();
-std::string env(const char* name);
-bool env_flag(const char* name);  // "1", "true", "yes", "on"
 
 }  // namespace sapiens_seg::io

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../core/settings.hpp"
 #include "atomic_file.hpp"
 #include "download.hpp"
 #include "log.hpp"
@@ -27,7 +28,7 @@ namespace fs = std::filesystem;
 
 void check_license(const Card& card, const GateOptions& gate) {
   if (card.commercial_use) return;
-  if (gate.accept_noncommercial || env_flag("SAPIENS_SEG_NONCOMMERCIAL")) return;
+  if (gate.accept_noncommercial || core::read_settings().accept_noncommercial) return;
   throw Error(ErrorCode::kLicenseNotAccepted,
               "model '" + card.id + "' is licensed " + card.license_id +
                   " (non-commercial use only" +
@@ -59,12 +60,13 @@ std::string weights_target(const Card& card) {
 }
 
 bool offline() {
-  return env_flag("SAPIENS_SEG_OFFLINE") || env_flag("HF_HUB_OFFLINE");
+  const core::Settings s = core::read_settings();
+  return s.offline || s.hf_hub_offline;
 }
 
 namespace {
 std::string hub_endpoint() {
-  std::string endpoint = env("HF_ENDPOINT");
+  std::string endpoint = core::read_settings().hf_endpoint;
   if (endpoint.empty()) endpoint = "https://huggingface.co";
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   return endpoint;
@@ -82,8 +84,8 @@ namespace {
 
 std::vector<Located> candidates(const Card& card) {
   std::vector<Located> c;
-  if (auto dir = env("SAPIENS_SEG_WEIGHTS_PATH"); !dir.empty()) {
-    c.push_back({(fs::path(dir) / card.file).string(), "weights_path"});
+  if (auto dir = core::read_settings().weights_path; !dir.empty()) {
+    c.push_back({(dir / card.file).string(), "weights_path"});
   }
   c.push_back({weights_target(card), "cache"});
   if (!card.repo.empty() && !card.revision.empty()) {
@@ -285,7 +287,7 @@ std::optional<Located> find_weights(const Card& card) {
 
 namespace {
 void check_verifiable(const Card& card, const GateOptions& gate) {
-  if (!card.sha256 && !(gate.allow_unverified || env_flag("SAPIENS_SEG_ALLOW_UNVERIFIED"))) {
+  if (!card.sha256 && !(gate.allow_unverified || core::read_settings().allow_unverified)) {
     throw Error(ErrorCode::kChecksumMismatch,
                 "model '" + card.id +
                     "' has no pinned SHA-256 in its card, so its file cannot be "

@@ -11,7 +11,7 @@ cp "$root"/cards/*.json "$root"/tests/fuzz/corpus_cards/* "$out/corpus/"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$root/include" -I"$root/src" -I"$build/generated/include" \
   "$root/tests/fuzz/fuzz_card.cpp" "$root/src/io/cards.cpp" "$root/src/io/paths.cpp" "$root/src/io/log.cpp" \
-  "$root/src/core/error.cpp" -ldl -o "$out/fuzz_card"
+  "$root/src/core/error.cpp" "$root/src/core/settings.cpp" -ldl -o "$out/fuzz_card"
 # Crash reproducers land in the build folder; add them to tests/fuzz/corpus_cards once fixed.
 "$out/fuzz_card" -max_total_time="$seconds" -max_len=16384 -timeout=10 -artifact_prefix="$out/" \
   "$out/corpus" 2>&1 | tail -n 5

@@ -18,6 +18,7 @@ clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-reco
   $(pkg-config --cflags opencv4) \
   "$root/tests/fuzz/fuzz_image.cpp" "$root/src/io/image.cpp" "$root/src/io/image_header.cpp" \
   "$root/src/io/log.cpp" "$root/src/io/paths.cpp" "$root/src/core/error.cpp" \
+  "$root/src/core/settings.cpp" \
   "$root/src/core/checkpoint/mapped_file.cpp" \
   $(pkg-config --libs-only-L opencv4) -lopencv_imgcodecs -lopencv_imgproc -lopencv_core \
   -ljpeg -lpng16 -ltiff -lwebp -lstb -o "$out/fuzz_image"

@@ -64,6 +64,21 @@ def test_the_cli_has_a_flag_for_every_load_and_run_option_with_the_tables_defaul
 
 
 @pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built")
+def test_the_server_has_a_flag_for_every_load_option_and_batches_by_the_run_default():
+    text = _help("serve")
+    for spec in SPECS:
+        if spec["group"] != "load":
+            continue  # segment options are per request (output=); batches are --max-batch
+        line = next((ln for ln in text.splitlines() if re.search(rf"{_flag(spec['name'])}\b", ln)),
+                    None)
+        assert line is not None, f"serve has no {_flag(spec['name'])}"
+        if spec["type"] != "bool" and spec["default"]:
+            assert f"={spec['default']}" in line, (spec["name"], line)
+    batch = next(s for s in SPECS if s["name"] == "batch_size")["default"]
+    assert re.search(rf"--max-batch [^\n]*={batch}\b", text), "serve's --max-batch default"
+
+
+@pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built")
 def test_the_cli_writes_every_segment_option_as_a_save_item():
     text = _help("segment")
     items = text[text.index("--save"):].split("any of:")[1].split("\n")[0].split()

@@ -14,6 +14,7 @@
 
 #include "../cpu/cpuid.hpp"
 #include "../cpu/cpuinfo.hpp"
+#include "../settings.hpp"
 #include "sapiens_seg/error.hpp"
 
 #ifdef SAPIENS_SEG_X86
@@ -637,8 +638,7 @@ void attend(const at::Tensor& q, const Shape& s, const Packed& pk, at::Tensor& o
 #endif  // SAPIENS_SEG_X86
 
 std::string forced_attention() {
-  const char* env = std::getenv("SAPIENS_SEG_CPU_ATTENTION");
-  return env ? std::string(env) : std::string();
+  return read_settings().cpu_attention;
 }
 
 bool forced_libtorch() {

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <utility>
 
+#include "../settings.hpp"
+
 namespace sapiens_seg::core {
 
 namespace {
@@ -188,15 +190,15 @@ const CpuCaps& cpu_caps() {
     std::ifstream in("/proc/cpuinfo");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CpuCaps c = parse_cpuinfo(text);
-    if (const char* f = std::getenv("SAPIENS_SEG_CPU_FLAGS")) set_flags(c, split_flags(f));
-    if (const char* v = std::getenv("SAPIENS_SEG_CPU_VENDOR")) c.vendor = trim(v);
+    const Settings env = read_settings();
+    if (env.cpu_flags) set_flags(c, split_flags(*env.cpu_flags));
+    if (env.cpu_vendor) c.vendor = trim(*env.cpu_vendor);
     // oneDNN reads ONEDNN_MAX_CPU_ISA first, then the older name.
-    for (const char* var : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
-      if (const char* v = std::getenv(var); v && *v) {
-        c.onednn_cap = parse_onednn_isa(v);
-        c.onednn_cap_text = std::string(var) + "=" + v;
-        break;
-      }
+    const bool onednn = !env.onednn_max_cpu_isa.empty();
+    if (onednn || !env.dnnl_max_cpu_isa.empty()) {
+      const std::string& v = onednn ? env.onednn_max_cpu_isa : env.dnnl_max_cpu_isa;
+      c.onednn_cap = parse_onednn_isa(v);
+      c.onednn_cap_text = (onednn ? "ONEDNN_MAX_CPU_ISA=" : "DNNL_MAX_CPU_ISA=") + v;
     }
     c.mkldnn_enabled = at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
     return c;

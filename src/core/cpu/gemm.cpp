@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "../settings.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::cpu {
@@ -105,8 +106,7 @@ GemmChoice float32_gemm() {
   if (!at::hasMKLDNN() || !onednn_op("")) {
     return {GemmPolicy::kMkl, "this LibTorch has no oneDNN"};
   }
-  if (const char* env = std::getenv("SAPIENS_SEG_CPU_GEMM"); env && *env) {
-    const std::string v(env);
+  if (const std::string v = read_settings().cpu_gemm; !v.empty()) {
     for (const GemmPolicy p : {GemmPolicy::kMkl, GemmPolicy::kSplit, GemmPolicy::kOnednn}) {
       if (v == to_string(p)) return {p, "SAPIENS_SEG_CPU_GEMM=" + v};
     }

@@ -12,6 +12,7 @@
 
 #include "../cpu/cpuid.hpp"
 #include "../cpu/gemm.hpp"
+#include "../settings.hpp"
 #include "channel_ops.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -203,8 +204,7 @@ CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int6
 
 CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
   if (!at::hasMKLDNN()) return CpuHeadPath::kGemm;  // no oneDNN: LibTorch's slow convolutions
-  if (const char* env = std::getenv("SAPIENS_SEG_CPU_HEAD"); env && *env) {
-    const std::string v(env);
+  if (const std::string v = read_settings().cpu_head; !v.empty()) {
     if (v == "gemm") return CpuHeadPath::kGemm;
     if (v == "onednn") return CpuHeadPath::kOnednn;
     throw Error(ErrorCode::kInvalidInput,

@@ -39,6 +39,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "../settings.hpp"
 #include "avx2.hpp"
 #include "cpu.hpp"
 #include "sapiens_seg/error.hpp"
@@ -97,10 +98,7 @@ IppPath ipp_path_for(const CpuFeatures& cpu, const std::string& opencv_ipp_env) 
 }
 
 IppPath wheel_ipp_path() {
-  static const IppPath path = [] {
-    const char* env = std::getenv("OPENCV_IPP");
-    return ipp_path_for(cpu_features(), env ? env : "");
-  }();
+  static const IppPath path = ipp_path_for(cpu_features(), read_settings().opencv_ipp);
   return path;
 }
 
