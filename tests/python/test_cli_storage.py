@@ -303,7 +303,7 @@ def test_a_resume_after_kill_9_leaves_no_temporary_file(slow_folder, tmp_path):
     p.wait(timeout=30)
     left = temp_files(out)
     # Stale temporary files of every kind a run writes, as a kill leaves them.
-    (out / "clip_frames").mkdir(exist_ok=True)
+    (out / "clip_frames").mkdir(parents=True, exist_ok=True)
     planted = [out / "big_99_seg.png.tmp4000000.png", out / "clip_overlay.partial.mp4",
                out / "clip_frames" / "frame_000003_seg.png.tmp4000000.png",
                out / "summary.json.tmp4000000.json"]
