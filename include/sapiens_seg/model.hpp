@@ -108,8 +108,10 @@ struct ModelInfo {
 // One image decoded, resized and normalised for one model: the first half of Model::segment(),
 // made by Model::prepare() on the calling thread and consumed by Model::run(). A program that
 // decodes on many threads and batches on one (the CLI, a server) prepares each image where it
-// arrives and runs batches of them. Immutable; copying is cheap (shared); holding one holds its
-// decoded pixels and the network input (3 x input size float32, about 9 MB at 1024x768).
+// arrives and runs batches of them. Copying is cheap (shared). Holding one holds its decoded
+// pixels and, until a run() uses it, the network input (3 x input size float32, about 9 MB at
+// 1024x768): a successful run() releases the input (the pixels stay, for overlays), so a
+// Prepared runs once; prepare the image again to run it again. A run() that fails leaves it.
 class SAPIENS_SEG_API Prepared {
  public:
   Prepared() = default;  // empty: run() refuses it
@@ -149,7 +151,8 @@ class SAPIENS_SEG_API Model {
   // The two halves of segment(): decode, resize and normalise one image (on the calling thread,
   // no network), then run prepared images of this model as one network batch and finish each
   // (upsample + argmax). run() gives the same results whatever the batch is made of.
-  // Error(kInvalidInput) for an empty Prepared or one prepared by another model.
+  // Error(kInvalidInput) for an empty Prepared, one prepared by another model, or one that ran
+  // already.
   Prepared prepare(const Input& input) const;
   std::vector<Result> run(std::span<const Prepared> batch,
                           const SegmentOptions& options = {}) const;

@@ -388,8 +388,10 @@ class Model:
     def run(self, prepared: Sequence[Prepared], **options: Any) -> list[Result]:
         """The second half: the prepared images of this model as one network batch (the
         library's ``Model::run``; the GIL is released). Results equal those of calling the
-        model on the same images, whatever the batch holds. ``options``: the segment options
-        (``logits``, ``raw_logits``) for this call."""
+        model on the same images, whatever the batch holds. A successful run releases each
+        image's network input (its pixels stay, for ``Result.overlay``), so a :class:`Prepared`
+        runs once; a run that raised leaves them, to run again. ``options``: the segment
+        options (``logits``, ``raw_logits``) for this call."""
         seg = dict(self._segment)
         seg.update(_options_text(options, _SEGMENT_OPTIONS, "Model.run"))
         items = list(prepared)

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 
 #include <opencv2/core.hpp>
@@ -43,8 +44,13 @@ struct Prepared::Impl {
   Input input;                         // an RGB input: keeps rgb_copy()'s pixels alive
   Image decoded;                       // files and encoded bytes
   ImageView view;                      // the pixels: `decoded`'s or the caller's
-  core::PreparedInput prepared;
+  int height = 0, width = 0;
   Timings timings;
+  // The network input: released by the run() that used it (the pixels stay, for overlays), so
+  // a result kept with its Prepared (a list of Python results, a server's answer) does not keep
+  // ~9 MB of float32 input alive. A run that fails leaves it, so the image can run again.
+  mutable std::mutex mu;
+  mutable core::PreparedInput prepared;
 };
 
 Model::Model(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -70,10 +76,10 @@ const Prepared::Impl& Prepared::impl() const {
 }
 
 int Prepared::height() const noexcept {
-  return impl_ ? impl_->prepared.height : 0;
+  return impl_ ? impl_->height : 0;
 }
 int Prepared::width() const noexcept {
-  return impl_ ? impl_->prepared.width : 0;
+  return impl_ ? impl_->width : 0;
 }
 ImageView Prepared::image() const noexcept {
   return impl_ ? impl_->view : ImageView{};
@@ -257,12 +263,17 @@ std::shared_ptr<Prepared::Impl> prepare_unguarded(const Model::Impl& m, const In
   const auto t1 = Clock::now();
   p->prepared =
       core::prepare({rgb.data, rgb.rows, rgb.cols, 3, rgb.step}, m.recipe, m.runner->device());
+  p->height = p->prepared.height;
+  p->width = p->prepared.width;
   p->timings.preprocess = ms_since(t1);
   return p;
 }
 
 std::vector<Result> run_unguarded(const Model::Impl& m, std::span<const Prepared> batch,
                                   const SegmentOptions& options) {
+  // Copies of the inputs' handles (the tensors are shared, not copied), taken under each
+  // Prepared's lock: another thread may be releasing one.
+  std::vector<core::PreparedInput> held(batch.size());
   std::vector<const core::PreparedInput*> inputs;
   inputs.reserve(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -277,17 +288,33 @@ std::vector<Result> run_unguarded(const Model::Impl& m, std::span<const Prepared
                       " of the batch was prepared by another model (its size and normalisation "
                       "are that model's): prepare it with this one");
     }
-    inputs.push_back(&p.prepared);
+    {
+      const std::lock_guard<std::mutex> lock(p.mu);
+      held[i] = p.prepared;
+    }
+    if (!held[i].input.defined()) {
+      throw Error(ErrorCode::kInvalidInput,
+                  "image " + std::to_string(i) +
+                      " of the batch has run already (run() releases its network input): "
+                      "prepare it again to run it again");
+    }
+    inputs.push_back(&held[i]);
   }
   core::BatchOutput out =
       core::run(*m.runner, m.recipe, inputs, options.logits, options.raw_logits);
+  inputs.clear();
+  held.clear();
+  for (const Prepared& p : batch) {
+    const std::lock_guard<std::mutex> lock(p.impl().mu);
+    p.impl().prepared.input = at::Tensor();
+  }
   std::vector<Result> results(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Prepared::Impl& p = batch[i].impl();
     core::ImageOutput& o = out.images[i];
     Result& r = results[i];
-    r.height = p.prepared.height;
-    r.width = p.prepared.width;
+    r.height = p.height;
+    r.width = p.width;
     r.labels = std::move(o.labels);
     r.logits = std::move(o.logits);
     r.raw_logits = std::move(o.raw_logits);

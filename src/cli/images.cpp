@@ -152,18 +152,38 @@ void run_images(const Model& model, const std::vector<ImageJob>& jobs, const Seg
         batch.push_back(std::move(*d));
       }
       if (batch.empty()) break;
+      std::vector<Prepared> prepared;
+      prepared.reserve(batch.size());
+      for (const auto& d : batch) prepared.push_back(d.prepared);
+      std::vector<Result> results;
       try {
-        std::vector<Prepared> prepared;
-        prepared.reserve(batch.size());
-        for (const auto& d : batch) prepared.push_back(d.prepared);
-        std::vector<Result> results = model.run(prepared, options);
-        for (std::size_t j = 0; j < batch.size(); ++j) {
-          segmented.push(Segmented{batch[j].job, std::move(prepared[j]), std::move(results[j])});
-        }
+        results = model.run(prepared, options);
       } catch (...) {
-        // Out of memory for this batch (or any other failure) fails its inputs, not the run.
+        // A batch that failed (out of memory for the batch, or for one image's full-size
+        // logits) is run again one image at a time, so one input's failure is its own: a
+        // Prepared that was not run to the end is intact.
         const Error e = as_error(std::current_exception(), "segmenting");
-        for (const auto& d : batch) failed(d.job, e);
+        if (batch.size() == 1) {
+          failed(batch[0].job, e);
+          prepared.clear();
+        } else {
+          report.warn("a batch of " + std::to_string(batch.size()) + " images failed (" + e.what() +
+                      "); running them one at a time");
+        }
+      }
+      if (results.empty()) {
+        for (std::size_t j = 0; j < prepared.size(); ++j) {
+          try {
+            results.push_back(std::move(model.run({&prepared[j], 1}, options).front()));
+          } catch (...) {
+            failed(batch[j].job, as_error(std::current_exception(), "segmenting"));
+            results.emplace_back();  // keeps the indices; height 0 marks the failure
+          }
+        }
+      }
+      for (std::size_t j = 0; j < results.size(); ++j) {
+        if (results[j].height == 0) continue;
+        segmented.push(Segmented{batch[j].job, std::move(prepared[j]), std::move(results[j])});
       }
       // Ctrl-C: the batch that was running is written; nothing new starts.
       if (cancel) break;

@@ -209,6 +209,11 @@ TEST(UnitApi, RunRefusesEmptyAndForeignPreparedImagesAndAnEmptyModelRefusesEvery
   expect_error([&] { a.run(foreign); }, ErrorCode::kInvalidInput, {"prepared by another model"});
   const std::vector<Prepared> empty(1);
   expect_error([&] { a.run(empty); }, ErrorCode::kInvalidInput, {"empty Prepared"});
+  // A successful run releases the network input (the pixels stay): a Prepared runs once.
+  const std::vector<Prepared> once{a.prepare(Input::file(path))};
+  EXPECT_EQ(a.run(once).size(), 1u);
+  expect_error([&] { a.run(once); }, ErrorCode::kInvalidInput, {"has run already"});
+  EXPECT_EQ(once[0].image().height, 33);
   EXPECT_TRUE(a.run(std::span<const Prepared>()).empty());
   const Model none;
   EXPECT_TRUE(none.empty());
