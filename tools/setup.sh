@@ -28,6 +28,7 @@ PY_REQS=(
   "nvidia-cudnn-frontend==1.32.0" # header-only cuDNN graph API for the kernels backend (CMake finds its headers here)
   "ray[data,serve]==2.60.0"   # sapiens_seg.ray (Ray Data) and sapiens_seg.serve (Ray Serve), and their tests
   "starlette==1.10.0"         # pulled by ray[serve]; sapiens_seg.serve answers with its Response
+  "python-multipart==0.0.34"  # sapiens_seg.serve reads multipart/form-data bodies with it (Starlette's parser)
   "pyarrow==26.0.1"           # pulled by ray[data]; pinned so the tested versions are installed
   "pandas==3.1.1"             # likewise
   "tqdm==4.70.1"              # Ray Data draws its progress bars with it (none without)
