@@ -630,6 +630,8 @@ py::array resize(const py::array& image, int height, int width, const std::strin
 
 }  // namespace
 
+void bind_serve(py::module_& m);  // serve_binding.cpp
+
 PYBIND11_MODULE(_core, m) {
   m.doc() =
       "Native layer of sapiens_seg (pybind11 over libsapiens_seg). Use sapiens_seg.segmentation; "
@@ -831,4 +833,5 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ITEM_FILE") = kItemFile;
   m.attr("ITEM_ENCODED") = kItemEncoded;
   m.attr("ITEM_RGB") = kItemRgb;
+  bind_serve(m);
 }

@@ -7,12 +7,12 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <sstream>
 #include <unordered_set>
 
 #include <opencv2/imgcodecs.hpp>
 
 #include "cli/stop.hpp"
+#include "formats/npy.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::cli {
@@ -132,25 +132,9 @@ void write_image(const std::string& path, const cv::Mat& image) {
 void write_npy(const std::string& path, const std::string& dtype, std::size_t item_size,
                const std::vector<std::int64_t>& shape,
                const std::function<std::size_t(void* buffer, std::size_t max_items)>& next) {
-  // The header as NumPy's format 1.0 specifies: magic, version, little-endian length, then a
-  // dict literal padded with spaces so that the data starts at a multiple of 64 bytes.
-  std::ostringstream dict;
-  dict << "{'descr': '" << dtype << "', 'fortran_order': False, 'shape': (";
+  const std::string head = formats::npy_header(dtype, shape);
   std::size_t count = 1;
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    dict << shape[i] << (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
-    if (i + 1 < shape.size()) dict << ' ';
-    count *= static_cast<std::size_t>(shape[i]);
-  }
-  dict << "), }";
-  std::string header = dict.str();
-  const std::size_t unpadded = 10 + header.size() + 1;
-  header.append((64 - unpadded % 64) % 64, ' ');
-  header.push_back('\n');
-  std::string head("\x93NUMPY\x01\x00", 8);
-  head.push_back(static_cast<char>(header.size() & 0xff));
-  head.push_back(static_cast<char>(header.size() >> 8));
-  head += header;
+  for (const std::int64_t n : shape) count *= static_cast<std::size_t>(n);
   // 4 MB pieces: the data is never held a second time.
   const std::size_t piece = std::max<std::size_t>(1, (std::size_t{4} << 20) / item_size);
   write_file(path, [&](std::FILE* f) {

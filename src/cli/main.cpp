@@ -28,6 +28,7 @@
 #include "cli/segment.hpp"
 #include "cli/stop.hpp"
 #include "sapiens_seg/sapiens_seg.hpp"
+#include "serve/command.hpp"
 
 using namespace sapiens_seg;
 
@@ -278,6 +279,8 @@ int main(int argc, char** argv) try {
   m_rm->add_option("id", model_id, "card id")->required();
   m->require_subcommand(0, 1);
   auto* info = app.add_subcommand("info", "versions, threads and backends of this machine");
+  serve::ServeCommand serve_command;
+  auto* sv = serve::add_serve_command(app, serve_command);
 
   try {
     app.parse(argc, argv);
@@ -306,6 +309,7 @@ int main(int argc, char** argv) try {
       return run_models_list();
     }
     if (info->parsed()) return run_info();
+    if (sv->parsed()) return serve::run_serve(serve_command);
   } catch (...) {
     const Error e = as_error(std::current_exception(), "sapiens-seg");
     // Ctrl-C while the weights download: a cancel, not a failure (the .part file is kept).

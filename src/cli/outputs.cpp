@@ -12,6 +12,7 @@
 
 #include "cli/files.hpp"
 #include "cli/json_paths.hpp"
+#include "formats/npy.hpp"
 
 namespace sapiens_seg::cli {
 namespace fs = std::filesystem;
@@ -142,8 +143,7 @@ nlohmann::json write_outputs(const Result& r, ImageView image, const OutputNames
   if (save.npy) {  // int64, as the demo saves it: 8 bytes a pixel, so converted piece by piece
     std::size_t at = 0;
     write_npy(names.labels_npy, "<i8", 8, shape, [&](void* buf, std::size_t n) {
-      auto* out = static_cast<std::int64_t*>(buf);
-      for (std::size_t k = 0; k < n; ++k) out[k] = r.labels[at + k];
+      formats::widen_labels(r.labels.data() + at, n, buf);
       at += n;
       return n;
     });
