@@ -70,7 +70,10 @@ class Client:
                  headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
         try:
-            c.request(method, path, body=body, headers=headers or {})
+            try:
+                c.request(method, path, body=body, headers=headers or {})
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a server may answer (413) and close before the whole body is sent
             r = c.getresponse()
             return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
         finally:
@@ -271,27 +274,34 @@ def test_json_summary(server, images, cli_out):
 
 # ---- errors -----------------------------------------------------------------------------------
 
-def test_errors(server, images):
+def error_cases(images) -> list[tuple[tuple, tuple[int, str]]]:
+    """(segment() arguments, expected (status, code)) of bad requests."""
     data = (images / "astronaut.jpg").read_bytes()
     small = cv2.imencode(".png", np.full((20, 20, 3), 128, np.uint8))[1].tobytes()
-    cases = [
-        (server.segment(data[:3000]), (422, "invalid_input")),              # truncated JPEG
-        (server.segment(b"not an image at all"), (415, "invalid_input")),   # no image format
-        (server.segment(small, content_type="image/png"), (400, "invalid_input")),  # 20x20
-        (server.segment(data, content_type="text/plain"), (415, "invalid_input")),
-        (server.segment(data, "?model=nope"), (404, "not_found")),
-        (server.segment(data, "?output=tiff"), (400, "invalid_input")),
-        (server.segment(data, "?output=json&classes=Tail"), (400, "invalid_input")),
-        (server.segment(data, "?output=overlay&opacity=2"), (400, "invalid_input")),
-        (server.segment(b""), (400, "invalid_input")),
-        (server.segment(b"{\"image\": \"***\"}", content_type="application/json"),
+    return [
+        ((data[:3000],), (422, "invalid_input")),                       # truncated JPEG
+        ((b"not an image at all",), (415, "invalid_input")),            # no image format
+        ((b"\x89PNG\r\n\x1a\n" + b"\0" * 8,), (400, "invalid_input")),  # PNG, broken header
+        ((small, "", "image/png"), (400, "invalid_input")),             # 20x20: too small
+        ((data, "", "text/plain"), (415, "invalid_input")),
+        ((data, "?model=nope"), (404, "not_found")),
+        ((data, "?output=tiff"), (400, "invalid_input")),
+        ((data, "?output=json&classes=Tail"), (400, "invalid_input")),
+        ((data, "?output=overlay&opacity=2"), (400, "invalid_input")),
+        ((data, "?rle=maybe"), (400, "invalid_input")),
+        ((b"",), (400, "invalid_input")),
+        ((b'{"image": "***"}', "", "application/json"), (400, "invalid_input")),
+        ((b"[1, 2", "", "application/json"), (400, "invalid_input")),
+        ((b"--x\r\n\r\n--x--\r\n", "", "multipart/form-data; boundary=x"),
          (400, "invalid_input")),
-        (server.segment(b"[1, 2", content_type="application/json"), (400, "invalid_input")),
-        (server.segment(b"--x\r\n\r\n--x--\r\n", content_type="multipart/form-data; boundary=x"),
-         (400, "invalid_input")),
-        (server.segment(b"\0" * (MAX_BODY + 1)), (413, "invalid_input")),
+        ((b"\0" * (MAX_BODY + 1),), (413, "invalid_input")),
     ]
-    assert [error_of(*got) for got, _ in cases] == [want for _, want in cases]
+
+
+def test_errors(server, images):
+    cases = error_cases(images)
+    got = [error_of(*server.segment(*args)) for args, _ in cases]
+    assert got == [want for _, want in cases]
     assert server("GET", "/health")[0] == 200  # still serving
 
 
@@ -333,7 +343,8 @@ def test_label_png_is_the_cpp_servers(server, images):
         pytest.skip(why)
     port = free_port()
     proc = subprocess.Popen([str(CLI), "serve", "--model", str(TINY_B), "--host", "127.0.0.1",
-                             "--port", str(port), "--threads", "1"], env=clean_env(),
+                             "--port", str(port), "--threads", "1", "--max-body-bytes",
+                             str(MAX_BODY)], env=clean_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         cpp = Client(port)
@@ -348,11 +359,21 @@ def test_label_png_is_the_cpp_servers(server, images):
             time.sleep(0.2)
         for name in IMAGES:
             data = (images / name).read_bytes()
-            for query in ("", "?output=npy"):
+            for query in ("", "?output=npy", "?output=overlay&opacity=0.7&classes=1,Face_Neck"):
                 ours, theirs = server.segment(data, query), cpp.segment(data, query)
                 assert ours[0] == theirs[0] == 200 and ours[2] == theirs[2], (name, query)
-        for query in ("?output=tiff", "?model=nope"):
-            assert error_of(*server.segment(b"x", query)) == error_of(*cpp.segment(b"x", query))
+                assert ours[1]["content-type"] == theirs[1]["content-type"]
+            # The summaries differ only in their timings.
+            ours, theirs = (json.loads(c.segment(data, "?output=json&rle=true")[2])
+                            for c in (server, cpp))
+            assert ours.pop("timings_ms").keys() == theirs.pop("timings_ms").keys()
+            assert ours == theirs, name
+        for args, _ in error_cases(images):
+            if len(args[0]) > MAX_BODY:
+                # sapiens-seg serve (81baf1d) answers 400 "body limit exceeded" here where the
+                # contract says 413 (test_errors holds this deployment to 413): not compared.
+                continue
+            assert error_of(*server.segment(*args)) == error_of(*cpp.segment(*args)), args[1:]
     finally:
         proc.terminate()
         try:

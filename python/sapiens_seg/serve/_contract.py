@@ -16,7 +16,7 @@ from python_multipart.multipart import MultipartParseError, MultipartParser, par
 from ..errors import ErrorCode, SapiensSegError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
 
 OUTPUTS = ("png", "json", "npy", "overlay")
 """The values of ``output``; the first is the default."""
@@ -230,32 +230,3 @@ def _json_image(body: bytes, ask: Ask) -> bytes:
         raise bad_request(f"JSON body: 'image' is not valid base64 ({e})") from None
     _apply(ask, doc, typed=True)
     return data
-
-
-def resolve_classes(value: Any, names: Sequence[str]) -> list[int] | None:
-    """The class indices a ``classes`` value names (a comma list of names or indices, or a JSON
-    list of them); ``None`` for all (also for an empty list). An unknown name or index is a
-    400."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        items: list[Any] = value.split(",") if value else []
-    else:
-        items = value
-    if not items:
-        return None
-    by_name = {n: i for i, n in enumerate(names)}
-    chosen: set[int] = set()
-    for item in items:
-        if isinstance(item, bool) or item == "":
-            raise bad_request(f"classes: unknown class {item!r}")
-        if isinstance(item, int) or (isinstance(item, str) and item.isdigit()):
-            k = int(item)
-            if not 0 <= k < len(names):
-                raise bad_request(f"classes: no class index {k} (the model has {len(names)})")
-        elif isinstance(item, str) and item in by_name:
-            k = by_name[item]
-        else:
-            raise bad_request(f"classes: unknown class {item!r}")
-        chosen.add(k)
-    return sorted(chosen)

@@ -172,7 +172,10 @@ class SapiensSegServer:
         if model is None:
             raise HTTPError(404, ErrorCode.NOT_FOUND.label,
                             f"no model {model_id!r} (loaded: {', '.join(self._models)})")
-        classes = _contract.resolve_classes(ask.classes, model.info.classes)
+        try:
+            classes = _encode.parse_classes(ask.classes, model.info.classes)
+        except ValueError as e:  # InvalidInputError: an unknown class
+            raise _contract.bad_request(str(e)) from None
         self._check_header(image)
         if self._held >= self._max_queue:
             self._metrics.reject("queue_full")
@@ -228,7 +231,10 @@ class SapiensSegServer:
     def _check_header(self, image: bytes) -> None:
         """What the image's header says, before any decoding: not an image (415), a malformed
         header or a side under 32 pixels (400), more pixels than allowed (413)."""
-        header = _encode.image_header(image)
+        try:
+            header = _encode.image_header(image)
+        except ValueError as e:  # InvalidInputError: a malformed header
+            raise _contract.bad_request(str(e)) from None
         if header is None:  # this binding cannot read headers: prepare() decides
             return
         fmt, height, width = header
