@@ -23,7 +23,7 @@ result. Both servers' PNG answers are checked to be the same bytes before timing
     .venv/bin/python benchmarks/serve_bench.py --cli build/bin/sapiens-seg \\
         --model tiny=build/fixtures/tiny_b_torchscript.pt2 \\
         --model full_0.3b=build-bench/fixtures/full_0.3b_torchscript.pt2 \\
-        --dtype full_0.3b=bfloat16 --overhead-models tiny --wait-quiet 1800 \
+        --dtype full_0.3b=bfloat16 --overhead-models tiny --wait-quiet 1800 \\
         --json benchmarks/results/intel-xeon-amx/serve-cpu.json
 
 Results: JSON (machine_facts: CPU vendor, family, model, stepping, flags; versions; the
