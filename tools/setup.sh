@@ -32,6 +32,10 @@ PY_REQS=(
   "pyarrow==26.0.1"           # pulled by ray[data]; pinned so the tested versions are installed
   "pandas==3.1.1"             # likewise
   "tqdm==4.70.1"              # Ray Data draws its progress bars with it (none without)
+  "httpx==0.28.1"             # tests/python/test_serve.py talks to `sapiens-seg serve` with it
+  "schemathesis==4.32.5"      # fuzzes the server against docs/openapi.json (test_serve.py)
+  "selenium==4.51.0"          # drives chromium through the server's web page (test_serve_browser.py); 4.52 needs a certifi newer than PyPI's
+  "pycocotools==2.0.11"       # checks the server's COCO RLE masks (test_serve.py)
 )
 # The runtimes a CPU user would pick instead of this library, for benchmarks/speed_check's peer
 # columns (benchmarks/peers_python.py, tools/export_onnx.py). Benchmark extras only: CI and the
@@ -55,6 +59,8 @@ APT_PKGS=(
   libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libstb-dev
   python3-dev python3-venv # the venv, and Python.h for the binding
   ffmpeg                   # ffprobe: the tests check the overlay video's codec, frames and rate
+  libboost1.81-dev         # Boost.Beast and Asio (header-only): the HTTP server of `sapiens-seg serve`
+  chromium chromium-driver # a headless browser for the server's web page test (test_serve_browser.py)
 )
 
 with_apt=1

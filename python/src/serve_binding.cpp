@@ -137,8 +137,7 @@ void bind_serve(py::module_& m) {
           const auto it = timings.find(key);
           return it == timings.end() ? 0.0 : it->second;
         };
-        r.timings = {ms("decode"), ms("preprocess"), ms("network"), ms("postprocess"),
-                     ms("total")};
+        r.timings = {ms("decode"), ms("preprocess"), ms("network"), ms("postprocess"), ms("total")};
         r.warnings = std::move(warnings);
         ss::serve::SummaryOptions o;
         o.model = model;

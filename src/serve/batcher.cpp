@@ -91,11 +91,10 @@ void Batcher::run_batch(std::vector<std::shared_ptr<Job>>& batch) {
                                             " images");
     }
   } catch (...) {
-    error = as_error(std::current_exception(), "segmenting a batch of " +
-                                                   std::to_string(batch.size()) + " images");
+    error = as_error(std::current_exception(),
+                     "segmenting a batch of " + std::to_string(batch.size()) + " images");
   }
-  metrics_.batch(id_, batch.size(),
-                 std::chrono::duration<double>(Clock::now() - start).count());
+  metrics_.batch(id_, batch.size(), std::chrono::duration<double>(Clock::now() - start).count());
   for (std::size_t k = 0; k < batch.size(); ++k) {
     Job& job = *batch[k];
     if (error) {

@@ -207,8 +207,8 @@ std::string summary_json(const Result& result, const SummaryOptions& options) {
   }
   ClassSet reported(classes, false);
   for (std::size_t k = 0; k < classes; ++k) {
-    reported[k] = pixels[k] > 0 && (options.shown.empty() || (k < options.shown.size() &&
-                                                              options.shown[k]));
+    reported[k] =
+        pixels[k] > 0 && (options.shown.empty() || (k < options.shown.size() && options.shown[k]));
   }
   std::vector<std::vector<std::uint32_t>> rle;
   if (options.rle) rle = rle_counts(result, reported);
@@ -220,10 +220,10 @@ std::string summary_json(const Result& result, const SummaryOptions& options) {
     if (!reported[k]) continue;
     Json c = {{"index", k},
               {"name", result.classes[k]},
-              {"color", k < result.palette.size()
-                            ? Json::array({result.palette[k][0], result.palette[k][1],
-                                           result.palette[k][2]})
-                            : Json::array({0, 0, 0})},
+              {"color",
+               k < result.palette.size()
+                   ? Json::array({result.palette[k][0], result.palette[k][1], result.palette[k][2]})
+                   : Json::array({0, 0, 0})},
               {"pixels", pixels[k]},
               {"fraction", static_cast<double>(pixels[k]) / area},
               {"bbox", {x0[k], y0[k], x1[k] - x0[k] + 1, y1[k] - y0[k] + 1}}};
@@ -233,23 +233,22 @@ std::string summary_json(const Result& result, const SummaryOptions& options) {
     list.push_back(std::move(c));
   }
   const Timings& t = result.timings;
-  const Json out = {
-      {"model", options.model},
-      {"width", result.width},
-      {"height", result.height},
-      {"backend",
-       {{"mode", result.backend.mode},
-        {"device", result.backend.device},
-        {"dtype", result.backend.dtype}}},
-      {"classes", std::move(list)},
-      {"timings_ms",
-       {{"decode", t.decode},
-        {"preprocess", t.preprocess},
-        {"network", t.network},
-        {"postprocess", t.postprocess},
-        {"total", t.total},
-        {"queue", options.queue_ms}}},
-      {"warnings", result.warnings}};
+  const Json out = {{"model", options.model},
+                    {"width", result.width},
+                    {"height", result.height},
+                    {"backend",
+                     {{"mode", result.backend.mode},
+                      {"device", result.backend.device},
+                      {"dtype", result.backend.dtype}}},
+                    {"classes", std::move(list)},
+                    {"timings_ms",
+                     {{"decode", t.decode},
+                      {"preprocess", t.preprocess},
+                      {"network", t.network},
+                      {"postprocess", t.postprocess},
+                      {"total", t.total},
+                      {"queue", options.queue_ms}}},
+                    {"warnings", result.warnings}};
   // Replace, not throw, on invalid UTF-8: a class name or a decoder warning is not the client's
   // fault and must not turn a result into an error.
   return out.dump(-1, ' ', false, Json::error_handler_t::replace);

@@ -37,10 +37,10 @@ std::string overlay_png(const Result& result, ImageView image, float opacity,
                         const ClassSet& shown = {});
 
 struct SummaryOptions {
-  std::string model;     // the model's id as /v1/models lists it
-  ClassSet shown;        // the classes to report (empty: all)
-  bool rle = false;      // add each reported class's COCO compressed RLE mask
-  double queue_ms = 0;   // time between prepare() and run() (not in Result::timings)
+  std::string model;    // the model's id as /v1/models lists it
+  ClassSet shown;       // the classes to report (empty: all)
+  bool rle = false;     // add each reported class's COCO compressed RLE mask
+  double queue_ms = 0;  // time between prepare() and run() (not in Result::timings)
 };
 
 // The JSON summary (serve-contract: model, width, height, backend, classes with pixels,

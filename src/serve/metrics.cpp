@@ -92,8 +92,7 @@ void Metrics::queue_wait(const std::string& model, double seconds) {
   if (it != per_model_.end()) it->second->queue_wait.observe(seconds);
 }
 
-std::string Metrics::text(
-    const std::function<std::size_t(const std::string&)>& queue_depth) const {
+std::string Metrics::text(const std::function<std::size_t(const std::string&)>& queue_depth) const {
   std::string out;
   out +=
       "# HELP sapiens_seg_requests_total HTTP requests answered, by endpoint and status.\n"
@@ -112,14 +111,15 @@ std::string Metrics::text(
              std::to_string(n) + "\n";
     }
   }
-  const auto each_model = [&](const char* name, const char* help, const char* type,
-                              const std::function<void(const std::string&, const PerModel&,
-                                                       const std::string&)>& line) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-    for (const auto& m : models_) {
-      line(name, *per_model_.at(m), "model=\"" + label_value(m) + "\"");
-    }
-  };
+  const auto each_model =
+      [&](const char* name, const char* help, const char* type,
+          const std::function<void(const std::string&, const PerModel&, const std::string&)>&
+              line) {
+        out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+        for (const auto& m : models_) {
+          line(name, *per_model_.at(m), "model=\"" + label_value(m) + "\"");
+        }
+      };
   each_model("sapiens_seg_queue_wait_seconds",
              "Time a request waited between its image being prepared and its batch starting.",
              "histogram", [&](const std::string& n, const PerModel& p, const std::string& l) {

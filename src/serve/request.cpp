@@ -331,7 +331,7 @@ std::string sniff_format(std::string_view b) {
   auto starts = [&](std::string_view magic) { return b.substr(0, magic.size()) == magic; };
   if (starts("\xff\xd8\xff")) return "JPEG";
   if (starts("\x89PNG\r\n\x1a\n")) return "PNG";
-  if (starts("RIFF") && b.substr(8, 4) == "WEBP") return "WebP";
+  if (starts("RIFF") && b.size() >= 12 && b.substr(8, 4) == "WEBP") return "WebP";
   if (starts(std::string_view("II*\0", 4)) || starts(std::string_view("MM\0*", 4))) return "TIFF";
   if (starts("BM")) return "BMP";
   if (b.size() >= 2 && b[0] == 'P' && b[1] >= '1' && b[1] <= '6') return "PNM";

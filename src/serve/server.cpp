@@ -51,12 +51,15 @@ struct Reply {
 };
 
 Reply json_reply(int status, const nlohmann::ordered_json& j) {
-  return {status, "application/json", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
+  return {status,
+          "application/json",
+          j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
           {}};
 }
 
 Reply error_reply(int status, ErrorCode code, const std::string& message) {
-  return json_reply(status, {{"error", {{"code", std::string(to_string(code))}, {"message", message}}}});
+  return json_reply(status,
+                    {{"error", {{"code", std::string(to_string(code))}, {"message", message}}}});
 }
 
 // Equal in time that depends only on `secret`'s length, never on where `given` differs.
@@ -256,7 +259,8 @@ Reply Server::get(Route route, bool head) {
     case Route::kModels:
       return models_reply();
     case Route::kMetrics:
-      return {200, "text/plain; version=0.0.4; charset=utf-8",
+      return {200,
+              "text/plain; version=0.0.4; charset=utf-8",
               metrics_.text([this](const std::string& id) -> std::size_t {
                 for (const auto& m : models_) {
                   if (m.id == id) return m.batcher->depth();
@@ -281,16 +285,15 @@ std::optional<Reply> Server::precheck(const Request& req, Route route) {
   }
   const bool post = route == Route::kSegment;
   const auto method = req.method();
-  const bool allowed = post ? method == http::verb::post
-                            : (method == http::verb::get || method == http::verb::head);
+  const bool allowed =
+      post ? method == http::verb::post : (method == http::verb::get || method == http::verb::head);
   if (!allowed) {
     Reply r = error_reply(405, ErrorCode::kInvalidInput, "method not allowed here");
     r.headers.emplace_back(http::field::allow, post ? "POST" : "GET, HEAD");
     return r;
   }
-  const bool probe =
-      route == Route::kHealth || route == Route::kReady || route == Route::kMetrics ||
-      route == Route::kPage;
+  const bool probe = route == Route::kHealth || route == Route::kReady ||
+                     route == Route::kMetrics || route == Route::kPage;
   if (!api_key_.empty() && !probe) {
     std::string_view given;
     const auto auth = req.find(http::field::authorization);
@@ -327,16 +330,15 @@ asio::awaitable<void> Server::wait_for(beast::tcp_stream& stream, const std::sha
   // or that the client has gone (EOF, reset): in the second case the worker drops the job.
   auto watching = std::make_shared<bool>(true);
   tcp::socket& socket = stream.socket();
-  socket.async_wait(tcp::socket::wait_read,
-                    [job, watching, &socket](const boost::system::error_code& ec) {
-                      if (ec || !*watching) return;
-                      char c = 0;
-                      const ssize_t n =
-                          ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-                        job->abandoned = true;
-                      }
-                    });
+  socket.async_wait(
+      tcp::socket::wait_read, [job, watching, &socket](const boost::system::error_code& ec) {
+        if (ec || !*watching) return;
+        char c = 0;
+        const ssize_t n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+          job->abandoned = true;
+        }
+      });
   boost::system::error_code ec;
   co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   *watching = false;
@@ -378,12 +380,12 @@ asio::awaitable<Reply> Server::segment(Request& req, beast::tcp_stream& stream) 
   }
   ImageInfo info;
   try {
-    info = read_image_info(reinterpret_cast<const std::uint8_t*>(sr.image.data()),
-                           sr.image.size());
+    info = read_image_info(reinterpret_cast<const std::uint8_t*>(sr.image.data()), sr.image.size());
   } catch (const Error& e) {
     co_return error_reply(400, ErrorCode::kInvalidInput, e.what());
   }
-  const auto pixels = static_cast<std::uint64_t>(info.width) * static_cast<std::uint64_t>(info.height);
+  const auto pixels =
+      static_cast<std::uint64_t>(info.width) * static_cast<std::uint64_t>(info.height);
   if (pixels > config_.max_pixels) {
     metrics_.rejection("too_large");
     co_return error_reply(413, ErrorCode::kInvalidInput,
@@ -409,7 +411,8 @@ asio::awaitable<Reply> Server::segment(Request& req, beast::tcp_stream& stream) 
     std::vector<std::uint8_t> bytes(sr.image.begin(), sr.image.end());
     sr.image = {};
     const Model& model = m->model;
-    job->prepared = co_await on_pool(pool_, [&]() { return model.prepare(Input::encoded(std::move(bytes))); });
+    job->prepared =
+        co_await on_pool(pool_, [&]() { return model.prepare(Input::encoded(std::move(bytes))); });
   } catch (...) {
     batcher.release();
     const Error e = as_error(std::current_exception(), "decoding the image");
@@ -461,7 +464,8 @@ asio::awaitable<Reply> Server::segment(Request& req, beast::tcp_stream& stream) 
                      : sr.output == Output::kNpy ? "application/octet-stream"
                                                  : "image/png";
     if (sr.output == Output::kNpy) {
-      r.headers.emplace_back(http::field::content_disposition, "attachment; filename=\"labels.npy\"");
+      r.headers.emplace_back(http::field::content_disposition,
+                             "attachment; filename=\"labels.npy\"");
     }
     co_return r;
   } catch (...) {
@@ -478,9 +482,9 @@ asio::awaitable<void> Server::refuse_connection(tcp::socket socket) {
   res.set(http::field::content_type, "application/json");
   res.set(http::field::retry_after, std::to_string(config_.retry_after_s));
   res.keep_alive(false);
-  res.body() = error_reply(503, ErrorCode::kBackendUnavailable,
-                           "too many connections (--max-connections)")
-                   .body;
+  res.body() =
+      error_reply(503, ErrorCode::kBackendUnavailable, "too many connections (--max-connections)")
+          .body;
   res.prepare_payload();
   stream.expires_after(std::chrono::seconds(2));
   boost::system::error_code ec;
@@ -516,16 +520,21 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
       break;  // the client closed between requests
     } else if (ec == beast::error::timeout) {
-      if (buffer.size() == 0) break;  // an idle keep-alive connection
-      metrics_.rejection("timeout");
-      reply = error_reply(408, ErrorCode::kInvalidInput,
-                          "the request headers did not arrive in time (--header-timeout)");
+      // tcp_stream closed the socket when its deadline passed, so there is nobody to answer: a
+      // client too slow with its headers (slowloris) is cut off, an idle one just closed.
+      if (parser.got_some() || buffer.size() > 0) metrics_.rejection("timeout");
+      break;
+    } else if (ec == http::error::body_limit) {  // the parser checks Content-Length itself
+      metrics_.rejection("too_large");
+      reply = error_reply(413, ErrorCode::kInvalidInput,
+                          "the body is over " + std::to_string(config_.max_body_bytes) +
+                              " bytes (--max-body-bytes)");
       reply.close = true;
     } else if (ec == http::error::header_limit) {
       metrics_.rejection("headers_too_large");
-      reply = error_reply(431, ErrorCode::kInvalidInput,
-                          "the request headers exceed " + std::to_string(config_.max_header_bytes) +
-                              " bytes");
+      reply = error_reply(
+          431, ErrorCode::kInvalidInput,
+          "the request headers exceed " + std::to_string(config_.max_header_bytes) + " bytes");
       reply.close = true;
     } else if (ec) {
       metrics_.rejection("bad_request");
@@ -589,10 +598,8 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
                                 " bytes (--max-body-bytes)");
         keep_alive = false;
       } else if (ec == beast::error::timeout) {
-        metrics_.rejection("timeout");
-        reply = error_reply(408, ErrorCode::kInvalidInput,
-                            "the request body did not arrive in time (--body-timeout)");
-        keep_alive = false;
+        metrics_.rejection("timeout");  // the socket is closed already (see above)
+        break;
       } else if (ec == http::error::partial_message || ec == http::error::end_of_stream ||
                  ec == asio::error::eof) {
         metrics_.rejection("truncated");
@@ -693,7 +700,8 @@ void Server::load_models() {
   asio::post(io_, [this, loaded = std::move(loaded)]() mutable {
     BatchSettings settings;
     settings.max_batch = config_.max_batch;
-    settings.max_delay = std::chrono::microseconds(static_cast<std::int64_t>(config_.max_delay_ms * 1000));
+    settings.max_delay =
+        std::chrono::microseconds(static_cast<std::int64_t>(config_.max_delay_ms * 1000));
     settings.max_queue = static_cast<std::size_t>(config_.max_queue);
     std::vector<std::string> ids;
     for (const auto& [id, _] : loaded) ids.push_back(id);
@@ -744,18 +752,21 @@ void Server::check_drained() {
 int Server::run() {
   if (!config_.api_key_file.empty()) {
     std::ifstream in(config_.api_key_file, std::ios::binary);
-    if (!in) throw Error(ErrorCode::kNotFound, "--api-key-file: cannot read " + config_.api_key_file);
+    if (!in)
+      throw Error(ErrorCode::kNotFound, "--api-key-file: cannot read " + config_.api_key_file);
     std::stringstream ss;
     ss << in.rdbuf();
     api_key_ = ss.str();
-    while (!api_key_.empty() && std::isspace(static_cast<unsigned char>(api_key_.back()))) api_key_.pop_back();
-    if (api_key_.empty()) throw Error(ErrorCode::kInvalidInput, "--api-key-file: the file is empty");
+    while (!api_key_.empty() && std::isspace(static_cast<unsigned char>(api_key_.back())))
+      api_key_.pop_back();
+    if (api_key_.empty())
+      throw Error(ErrorCode::kInvalidInput, "--api-key-file: the file is empty");
   }
 
   boost::system::error_code ec;
   tcp::resolver resolver(io_);
-  const auto endpoints = resolver.resolve(config_.host, std::to_string(config_.port),
-                                          tcp::resolver::passive, ec);
+  const auto endpoints =
+      resolver.resolve(config_.host, std::to_string(config_.port), tcp::resolver::passive, ec);
   if (ec || endpoints.empty()) {
     throw Error(ErrorCode::kInvalidInput, "--host " + config_.host + ": " + ec.message());
   }
@@ -771,7 +782,7 @@ int Server::run() {
   }
   const tcp::endpoint bound = acceptor_->local_endpoint();
   const std::string address = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
-                                                       : bound.address().to_string();
+                                                      : bound.address().to_string();
   std::printf("listening on http://%s:%u\n", address.c_str(), static_cast<unsigned>(bound.port()));
   std::fflush(stdout);
 
