@@ -64,10 +64,11 @@ def build_app(models: Sequence[str] | str | None = None, *, replicas: int = 1,
         max_batch: most images per network call (1: batching off); defaults to the library's
             batch size.
         max_delay_ms: how long the first request of a batch waits for more.
-        max_queue: most segment requests one replica holds (being prepared, waiting, running);
-            more get 503 ``queue_full`` with ``Retry-After``.
+        max_queue: segment requests one replica admits and has not yet put in a batch (being
+            prepared or waiting); more get 503 ``backend_unavailable`` with ``Retry-After``.
         max_queued_requests: requests Ray's proxy queues per deployment before answering 503
-            itself (-1: no limit); the proxy sends each replica up to ``max_queue`` + 8.
+            itself (-1: no limit); the proxy sends each replica up to ``max_queue`` +
+            ``max_batch`` + 8 at once, so the replica's own limit answers first.
         max_body_bytes, max_pixels, api_key_file, prepare_threads: see
             :class:`SapiensSegServer`.
         **options: the library's options by name, as ``segmentation.load`` takes them.
@@ -92,9 +93,9 @@ def build_app(models: Sequence[str] | str | None = None, *, replicas: int = 1,
     deployment = SapiensSegDeployment.options(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
-        # The replica answers over-limit requests itself (503 queue_full, JSON); Ray's routing
-        # must let them reach it, with room for probes.
-        max_ongoing_requests=max_queue + 8,
+        # The replica answers over-limit requests itself (503 JSON, as the C++ server); Ray's
+        # routing must let them reach it, with room for a running batch and probes.
+        max_ongoing_requests=max_queue + max_batch + 8,
         max_queued_requests=max_queued_requests,
         backpressure_config={"retry_after_s": 1})
     return deployment.bind(models, max_batch=max_batch, max_delay_ms=max_delay_ms,

@@ -35,7 +35,7 @@ DEFAULT_MAX_BODY_BYTES = 32 << 20
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_PREPARE_THREADS = 4
 
-_PROBES = ("/health", "/ready", "/metrics")
+_PROBES = ("/", "/health", "/ready", "/metrics")  # no API key needed
 
 
 def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -56,12 +56,13 @@ class SapiensSegServer:
             default of requests that name none. Each is served under its ``ModelInfo.id``.
         max_batch: most requests in one network call (1: no batching).
         max_delay_ms: how long the first request of a batch waits for others.
-        max_queue: most segment requests a replica holds at once (being prepared, waiting for
-            a batch or running); the next one gets 503 with ``Retry-After``.
+        max_queue: most segment requests a replica admits and has not yet put in a batch
+            (being prepared or waiting); the next one gets 503 with ``Retry-After``.
         max_body_bytes, max_pixels: a larger body, or an image whose header says it has more
             pixels, gets 413.
-        api_key_file: a file whose first line is the key that segment and models requests must
-            carry (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``); probes are exempt.
+        api_key_file: a file holding the key (trailing whitespace dropped) that segment and
+            models requests must carry (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``);
+            probes are exempt.
         prepare_threads: threads of the replica that prepare images (and encode answers).
         **options: the library's options by name (``segmentation.load``'s keywords: ``mode``,
             ``dtype``, ``accept_noncommercial``, ...). ``device`` left unset is the GPU Ray
@@ -95,8 +96,11 @@ class SapiensSegServer:
         self._max_pixels = int(max_pixels)
         self._api_key = None
         if api_key_file:
-            self._api_key = Path(api_key_file).read_text().splitlines()[0].strip().encode()
-        self._held = 0  # segment requests admitted and not yet answered
+            self._api_key = Path(api_key_file).read_bytes().rstrip()
+            if not self._api_key:
+                raise ValueError(f"api_key_file {api_key_file}: the file is empty")
+        self._held = 0  # queue slots: segment requests admitted and not yet in a batch
+        self._in_flight = 0  # segment requests admitted and not yet answered
         self._workers = ThreadPoolExecutor(max(1, int(prepare_threads)),
                                            thread_name_prefix="sapiens-prepare")
         self._network = ThreadPoolExecutor(1, thread_name_prefix="sapiens-run")
@@ -117,6 +121,8 @@ class SapiensSegServer:
             response = await self._route(request, path)
         except HTTPError as e:
             response = _error(e)
+        except Exception as e:  # noqa: BLE001 - a bug: still a JSON answer, never Ray's text
+            response = _error(_contract.from_library_error(e))
         self._metrics.request(endpoint, response.status_code)
         return response
 
@@ -133,7 +139,7 @@ class SapiensSegServer:
         if path == "/ready":
             return _json({"status": "ready"})
         if path == "/metrics":
-            return Response(self._metrics.text(self._held),
+            return Response(self._metrics.text(self._in_flight),
                             media_type="text/plain; version=0.0.4")
         if path == "/v1/models":
             return _json({"models": [self._describe(m) for m in self._models.values()]})
@@ -181,21 +187,20 @@ class SapiensSegServer:
             self._metrics.reject("queue_full")
             raise _contract.unavailable(f"the queue of this replica is full ({self._max_queue} "
                                         "requests); retry later")
+        # A queue slot from admission (before decoding) until the request's batch starts, as
+        # the C++ server counts them: max_queue bounds the decoded images a replica holds.
         self._held += 1
+        self._in_flight += 1
+        self._metrics.queued(model_id, 1)
+        started = [False]  # set by the batch that takes the request, which frees its slot
         loop = asyncio.get_running_loop()
         try:
             try:
                 prepared = await loop.run_in_executor(self._workers, model.prepare, image)
             except Exception as e:  # noqa: BLE001 - the library's error, answered as JSON
                 raise _contract.from_library_error(e) from None
-            started = [False]  # set when the batch takes it: till then it counts as queued
-            self._metrics.queued(model_id, 1)
-            try:
-                result, queue_ms = await self._run_batch(model_id, prepared, time.perf_counter(),
-                                                         started)
-            finally:
-                if not started[0]:
-                    self._metrics.queued(model_id, -1)
+            result, queue_ms = await self._run_batch(model_id, prepared, time.perf_counter(),
+                                                     started)
             if isinstance(result, BaseException):
                 raise _contract.from_library_error(result)
             timings = dict(result.timings)
@@ -205,7 +210,10 @@ class SapiensSegServer:
                                                       classes=classes, rle=ask.rle,
                                                       opacity=ask.opacity, timings=timings))
         finally:
-            self._held -= 1
+            self._in_flight -= 1
+            if not started[0]:
+                self._held -= 1
+                self._metrics.queued(model_id, -1)
         return Response(body, headers=headers)
 
     async def _read_body(self, request: Request) -> bytes:
@@ -263,6 +271,7 @@ class SapiensSegServer:
         out: list[tuple[Any, float]] = [(None, (start - t) * 1000.0) for t in since]
         for model_id, flag in zip(model_ids, started):
             flag[0] = True
+            self._held -= 1
             self._metrics.queued(model_id, -1)
         loop = asyncio.get_running_loop()
         for model_id in dict.fromkeys(model_ids):
