@@ -47,7 +47,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+BUILD = Path(os.environ.get("SAPIENS_SEG_BUILD", REPO / "build"))
+# This build's package, for the direct calls here and in both servers.
+sys.path[:0] = [str(HERE), str(BUILD / "python")]
 
 from machine_facts import machine_facts  # noqa: E402
 
@@ -245,6 +247,7 @@ def versions(cli: str) -> dict[str, str]:
 def run(args: argparse.Namespace) -> dict:
     from sapiens_seg import segmentation
 
+    print(f"# sapiens_seg from {Path(segmentation.__file__).parent}", file=sys.stderr)
     image = Path(args.image).read_bytes()
     models = parse_pairs(args.model, "--model")
     per_client = {k: int(v) for k, v in parse_pairs(args.requests_per_client, "--requests-per-client").items()}
@@ -252,7 +255,7 @@ def run(args: argparse.Namespace) -> dict:
     dtypes = parse_pairs(args.dtype, "--dtype")
     conc = [int(c) for c in args.concurrency.split(",")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAPIENS_SEG_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "build" / "python"),
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BUILD / "python"),
                                                     env.get("PYTHONPATH", "")) if p)
     ours = {os.getpid()}
     quiet = wait_quiet(args.wait_quiet) if args.wait_quiet else None
@@ -413,7 +416,7 @@ def render(result: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--print", metavar="FILE", help="render a result file as Markdown and exit")
-    p.add_argument("--cli", default=str(REPO / "build" / "bin" / "sapiens-seg"))
+    p.add_argument("--cli", default=str(BUILD / "bin" / "sapiens-seg"))
     p.add_argument("--model", action="append", default=[], metavar="NAME=PATH")
     p.add_argument("--image", default=str(REPO / "examples" / "astronaut.jpg"),
                    help="the request's image (default: the 512x512 example JPEG)")
