@@ -35,6 +35,7 @@ DEFAULT_MAX_BODY_BYTES = 32 << 20
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_PREPARE_THREADS = 4
 
+_ENDPOINTS = ("/health", "/ready", "/metrics", "/v1/models", "/v1/segment")
 _PROBES = ("/", "/health", "/ready", "/metrics")  # no API key needed
 
 
@@ -115,8 +116,7 @@ class SapiensSegServer:
         root = request.scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):] or "/"
-        endpoint = path if path in ("/health", "/ready", "/metrics", "/v1/models",
-                                    "/v1/segment") else "other"
+        endpoint = path if path in _ENDPOINTS else "other"
         try:
             response = await self._route(request, path)
         except HTTPError as e:
@@ -128,7 +128,7 @@ class SapiensSegServer:
 
     async def _route(self, request: Request, path: str) -> Response:
         want = "POST" if path == "/v1/segment" else "GET"
-        if endpoint_known(path) and request.method != want and not (
+        if path in _ENDPOINTS and request.method != want and not (
                 want == "GET" and request.method == "HEAD"):
             raise HTTPError(405, ErrorCode.INVALID_INPUT.label,
                             f"{path} takes {want}, not {request.method}", {"Allow": want})
@@ -302,6 +302,3 @@ def _replica_name() -> str:
     except Exception:  # noqa: BLE001 - outside a replica (a unit test)
         return ""
 
-
-def endpoint_known(path: str) -> bool:
-    return path in ("/health", "/ready", "/metrics", "/v1/models", "/v1/segment")
