@@ -354,3 +354,26 @@ def test_label_png_is_the_cpp_servers(server, images):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# ---- configuration ----------------------------------------------------------------------------
+
+def test_app_builder_takes_serve_run_strings_and_the_library_options():
+    from sapiens_seg.serve import __main__ as command
+    from sapiens_seg.serve import app_builder
+
+    app = app_builder({"model": str(TINY_B), "replicas": "2", "max_batch": "3",
+                       "gpus_per_replica": "0", "mode": "portable", "threads": "1",
+                       "accept_noncommercial": "true"})
+    assert app is not None
+    with pytest.raises(TypeError, match="unknown argument 'nope'"):
+        app_builder({"model": str(TINY_B), "nope": "1"})
+    with pytest.raises(TypeError, match="unexpected option"):
+        build_app([str(TINY_B)], batch=4)
+    with pytest.raises(ValueError, match="max_batch"):
+        build_app([str(TINY_B)], max_batch=0)
+    # Every load and segment option of the library is a flag, with the CLI's name and default.
+    args = command._parser().parse_args(["--model", "m.pt2"])
+    for spec in segmentation.OPTION_SPECS:
+        if spec["group"] != "run":
+            assert getattr(args, spec["name"]) == segmentation.option_default(spec["name"])
