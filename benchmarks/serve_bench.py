@@ -41,6 +41,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -125,16 +126,21 @@ def wait_quiet(limit_s: float, below: float = 0.25) -> dict:
 class Server:
     def __init__(self, kind: str, argv: list[str], port: int, env: dict[str, str]) -> None:
         self.kind, self.argv, self.port = kind, argv, port
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+        self.started = time.monotonic()
+        # The server's log goes to a file: a pipe nobody reads could fill and stall it.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         self.loaded_s = 0.0
 
     def wait_ready(self, timeout: float = 900) -> None:
-        t0 = time.monotonic()
+        """Until GET /ready answers 200; ``loaded_s`` is the time since the process started
+        (both servers load side by side)."""
+        t0 = self.started
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
+                self.log.seek(0)
                 raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}: "
-                                   f"{self.proc.stderr.read()[-2000:]}")
+                                   f"{self.log.read()[-2000:]}")
             try:
                 c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 c.request("GET", "/ready")
