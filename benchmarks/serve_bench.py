@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> dict:
     per_client = {k: int(v) for k, v in parse_pairs(args.requests_per_client, "--requests-per-client").items()}
     minimum = {k: int(v) for k, v in parse_pairs(args.min_requests, "--min-requests").items()}
     dtypes = parse_pairs(args.dtype, "--dtype")
-    conc = [int(c) for c in args.concurrency.split(",")]
+    conc = [int(c) for c in args.concurrency.split(",") if c]  # empty: the overhead only
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAPIENS_SEG_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BUILD / "python"),
                                                     env.get("PYTHONPATH", "")) if p)
@@ -283,20 +283,10 @@ def run(args: argparse.Namespace) -> dict:
         entry: dict = {"name": name, "file": Path(path).name, "dtype": dtype or "default",
                        "runs": []}
         settings = [("on", args.max_batch), ("off", 1)] if "on" in args.batching else [("off", 1)]
-        settings = [s for s in settings if s[0] in args.batching]
+        settings = [s for s in settings if s[0] in args.batching and conc]
         for batching, max_batch in settings:
-            cpp = Server("cpp", [args.cli, "serve", "--model", path, "--host", "127.0.0.1",
-                                 "--port", str(port_a := free_port()), "--threads",
-                                 str(args.threads), "--max-batch", str(max_batch),
-                                 "--max-delay-ms", str(args.max_delay_ms), "--max-queue", "256",
-                                 "--accept-noncommercial"]
-                         + (["--dtype", dtype] if dtype else []), port_a, env)
-            peer = Server("fastapi", [sys.executable, str(HERE / "serve_fastapi_peer.py"),
-                                      "--model", path, "--port", str(port_b := free_port()),
-                                      "--threads", str(args.threads), "--max-batch",
-                                      str(max_batch), "--max-delay-ms", str(args.max_delay_ms)]
-                          + (["--dtype", dtype] if dtype else []), port_b, env)
-            servers = [cpp, peer]
+            servers = start_pair(path, dtype, max_batch, args, env)
+            cpp, peer = servers
             try:
                 for s in servers:
                     s.wait_ready()
@@ -341,6 +331,23 @@ def run(args: argparse.Namespace) -> dict:
                 for s in servers:
                     s.stop()
                     ours.discard(s.proc.pid)
+        if args.overhead_input and name in args.overhead_models:
+            # The same measurement with a small network input: the network's time (and its
+            # noise) shrinks to a few ms, so the servers' own milliseconds show.
+            size = tuple(int(v) for v in args.overhead_input.split("x"))
+            servers = start_pair(path, dtype, 1, args, env, size)
+            try:
+                for s in servers:
+                    s.wait_ready()
+                    ours.add(s.proc.pid)
+                    load_point(s.port, image, 1, args.warmup, args.timeout)
+                entry["overhead_small_input"] = {
+                    "input_size": list(size),
+                    **overhead(segmentation, path, dtype, image, servers, args, size)}
+            finally:
+                for s in servers:
+                    s.stop()
+                    ours.discard(s.proc.pid)
         result["models"].append(entry)
     result["elapsed_s"] = round(time.monotonic() - t_start, 1)
     result["other_processes_at_end"] = top_processes(ours)
@@ -348,11 +355,29 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def start_pair(path: str, dtype: str | None, max_batch: int, args: argparse.Namespace,
+               env: dict[str, str], input_size: tuple[int, int] | None = None) -> list[Server]:
+    """The C++ server and the FastAPI peer on the same model and settings, loading side by
+    side."""
+    common = (["--dtype", dtype] if dtype else []) + (
+        ["--input-height", str(input_size[0]), "--input-width", str(input_size[1])]
+        if input_size else [])
+    cpp = Server("cpp", [args.cli, "serve", "--model", path, "--host", "127.0.0.1", "--port",
+                         str(port_a := free_port()), "--threads", str(args.threads),
+                         "--max-batch", str(max_batch), "--max-delay-ms", str(args.max_delay_ms),
+                         "--max-queue", "256", "--accept-noncommercial", *common], port_a, env)
+    peer = Server("fastapi", [sys.executable, str(HERE / "serve_fastapi_peer.py"), "--model",
+                              path, "--port", str(port_b := free_port()), "--threads",
+                              str(args.threads), "--max-batch", str(max_batch),
+                              "--max-delay-ms", str(args.max_delay_ms), *common], port_b, env)
+    return [cpp, peer]
+
+
 def overhead(segmentation, path: str, dtype: str | None, image: bytes, servers: list[Server],
-             args: argparse.Namespace) -> dict:
+             args: argparse.Namespace, input_size: tuple[int, int] | None = None) -> dict:
     """p50 through each server (one client, batching off) minus p50 of prepare + run here."""
     model = segmentation.load(path, device="cpu", threads=args.threads, dtype=dtype,
-                              accept_noncommercial=True)
+                              accept_noncommercial=True, input_size=input_size)
     model.run([model.prepare(image)])
     times: dict[str, list[float]] = {"direct": [], **{s.kind: [] for s in servers}}
     ports = {s.kind: s.port for s in servers}
@@ -428,12 +453,16 @@ def render(result: dict) -> str:
                              f"{a['p50_ms']:.0f} / {a['p99_ms']:.0f} | {b['rps']:.2f} | "
                              f"{b['p50_ms']:.0f} / {b['p99_ms']:.0f} | {ratio:.2f}x | "
                              f"{a['requests']} | {max(a['other_cpus'], b['other_cpus']):.2f} |")
-        if "overhead" in entry:
-            o = entry["overhead"]
-            lines += ["", f"Overhead over a direct call (p50 of {o['calls']} calls each, one "
-                      f"client, batching off): direct {o['p50_ms']['direct']:.1f} ms; C++ "
-                      f"server +{o['overhead_p50_ms']['cpp']:.1f} ms; FastAPI peer "
-                      f"+{o['overhead_p50_ms']['fastapi']:.1f} ms."]
+        for key, what in (("overhead", "the model's own input size"),
+                          ("overhead_small_input", "network input {}")):
+            if key not in entry:
+                continue
+            o = entry[key]
+            what = what.format("x".join(map(str, o.get("input_size", []))))
+            lines += ["", f"Overhead over a direct call, {what} (p50 of {o['calls']} calls "
+                      f"each, one client, batching off): direct {o['p50_ms']['direct']:.1f} ms; "
+                      f"C++ server {o['overhead_p50_ms']['cpp']:+.1f} ms; FastAPI peer "
+                      f"{o['overhead_p50_ms']['fastapi']:+.1f} ms."]
         lines.append("")
     return "\n".join(lines)
 
@@ -461,6 +490,10 @@ def main() -> int:
     p.add_argument("--min-requests", action="append", default=[], metavar="NAME=N",
                    help="fewest requests at a point, per model (default 8)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--overhead-input", default="64x48", metavar="HxW",
+                   help="also measure the overhead with this network input size (the servers' "
+                        "--input-height/--input-width), where the network takes milliseconds "
+                        "(default %(default)s; '' skips it)")
     p.add_argument("--overhead-rounds", type=int, default=5)
     p.add_argument("--overhead-calls", type=int, default=4)
     p.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",

@@ -98,9 +98,12 @@ def main() -> None:
     p.add_argument("--max-delay-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--input-height", type=int, default=0)
+    p.add_argument("--input-width", type=int, default=0)
     args = p.parse_args()
     model = segmentation.load(args.model, device="cpu", threads=args.threads, dtype=args.dtype,
-                              accept_noncommercial=True)
+                              accept_noncommercial=True, input_height=args.input_height,
+                              input_width=args.input_width)
     uvicorn.run(make_app(model, args.max_batch, args.max_delay_ms), host=args.host,
                 port=args.port, log_level="warning", access_log=False)
 
