@@ -26,7 +26,9 @@ PY_REQS=(
   "pillow==13.0.0"            # the binding's PIL input test
   "safetensors==0.8.0"        # cross-checks of the C++ safetensors reader (safetensors_tests); transformers 5.23 (--bench) needs >= 0.8
   "nvidia-cudnn-frontend==1.32.0" # header-only cuDNN graph API for the kernels backend (CMake finds its headers here)
-  "ray[data]==2.60.0"         # sapiens_seg.ray: batch segmentation on Ray Data, and its tests
+  "ray[data,serve]==2.60.0"   # sapiens_seg.ray (Ray Data) and sapiens_seg.serve (Ray Serve), and their tests
+  "starlette==1.10.0"         # pulled by ray[serve]; sapiens_seg.serve answers with its Response
+  "python-multipart==0.0.34"  # sapiens_seg.serve reads multipart/form-data bodies with it (Starlette's parser)
   "pyarrow==26.0.1"           # pulled by ray[data]; pinned so the tested versions are installed
   "pandas==3.1.1"             # likewise
   "tqdm==4.70.1"              # Ray Data draws its progress bars with it (none without)
@@ -44,6 +46,8 @@ BENCH_REQS=(
   "onnxruntime==1.31.1"       # the ONNX Runtime column (CPU provider), and the export's check
   "openvino==2026.4.1"        # the OpenVINO columns (CPU plugin, f32 and its default precision)
   "transformers==5.23.0"      # Sapiens2ForSemanticSegmentation, the transformers column
+  "fastapi==0.165.0"          # benchmarks/serve_fastapi_peer.py, the Python server beside sapiens-seg serve
+  "uvicorn==0.55.0"           # the peer's HTTP server (both also come with ray[serve])
 )
 APT_PKGS=(
   build-essential cmake ninja-build ccache pkg-config

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "serve/encode.hpp"
+#include "serve/request.hpp"
 
 namespace py = pybind11;
 namespace ss = sapiens_seg;
@@ -170,4 +171,28 @@ void bind_serve(py::module_& m) {
       py::arg("spec"), py::arg("class_names"),
       "The `classes` request parameter (a comma list, or a list, of names or indices) as "
       "sorted indices; [] selects every class. InvalidInputError for an unknown item.");
+
+  // The checks segment() makes on an image's leading bytes and header before it decodes a pixel
+  // (415 for no known format, 400 for a malformed header, 413 over --max-pixels), so the Ray
+  // Serve deployment refuses the same requests with the same statuses.
+  s.def(
+      "sniff_format",
+      [](const py::bytes& data) { return ss::serve::sniff_format(std::string_view(data)); },
+      py::arg("data"),
+      "The image format its leading bytes name (\"JPEG\", \"PNG\", ...); \"\" for none the "
+      "library decodes.");
+  s.def(
+      "image_info",
+      [](const py::bytes& data) {
+        const std::string_view v(data);
+        ss::ImageInfo info;
+        {
+          py::gil_scoped_release nogil;
+          info = ss::read_image_info(reinterpret_cast<const std::uint8_t*>(v.data()), v.size());
+        }
+        return py::make_tuple(info.format, info.height, info.width);
+      },
+      py::arg("data"),
+      "(format, height, width) from an encoded image's header, as decoded (after the EXIF "
+      "orientation), without decoding a pixel. InvalidInputError for a malformed header.");
 }
