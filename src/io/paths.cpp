@@ -1,17 +1,36 @@
 #include "paths.hpp"
 
 #include <dlfcn.h>
+#include <pwd.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <vector>
 
 #include "../core/settings.hpp"
+#include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::io {
 namespace fs = std::filesystem;
 
 namespace {
+// $HOME, else the account's home folder from the password database (a service or a container
+// started without HOME). Never the working folder: a cache created wherever the process happens
+// to run would be lost, or written into someone's project. No home at all is an error naming the
+// variables that choose the folder.
 fs::path home(const core::Settings& s) {
-  return s.home.empty() ? fs::path(".") : s.home;
+  if (!s.home.empty()) return s.home;
+  const long size_hint = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(size_hint > 0 ? static_cast<std::size_t>(size_hint) : 16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr &&
+      found->pw_dir != nullptr && found->pw_dir[0] == '/') {
+    return found->pw_dir;
+  }
+  throw Error(ErrorCode::kIo,
+              "no folder for the sapiens-seg cache: HOME is not set and the account has no home "
+              "folder; set SAPIENS_SEG_HOME (or XDG_CACHE_HOME, or HOME)");
 }
 
 // The folder of the binary that contains this function (libsapiens_seg.so, or an executable

@@ -277,13 +277,47 @@ class ProgressBar {
 
 }  // namespace
 
+namespace {
+// What a path that exists but is not a regular file is, in words (symbolic links followed).
+std::string kind_of(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::regular:
+      return "";
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::fifo:
+      return "a FIFO (named pipe)";
+    case fs::file_type::socket:
+      return "a socket";
+    default:
+      return "not a regular file";
+  }
+}
+}  // namespace
+
 std::optional<Located> find_weights(const Card& card) {
-  std::error_code ec;
-  for (const auto& c : candidates(card)) {
-    if (fs::is_regular_file(c.path, ec)) return c;
+  for (auto c : candidates(card)) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(c.path, ec);
+    if (ec || !fs::exists(st)) continue;  // nothing there (a dangling link included)
+    c.not_a_file = kind_of(st);
+    return c;
   }
   return std::nullopt;
 }
+
+namespace {
+[[noreturn]] void refuse_not_a_file(const Card& card, const Located& found) {
+  throw Error(ErrorCode::kInvalidInput, "the weights of '" + card.id + "' should be a file, but " +
+                                            found.path + " is " + found.not_a_file +
+                                            "; remove or replace it with the checkpoint file (" +
+                                            card.file + ")");
+}
+}  // namespace
 
 namespace {
 void check_verifiable(const Card& card, const GateOptions& gate) {
@@ -430,7 +464,10 @@ Identified identify_by_content(const std::string& path, bool always_hash) {
 }
 
 Obtained obtain_file(const Card& card, const GateOptions& gate, const FetchOptions& fetch) {
-  if (auto found = find_weights(card)) return {found->path, std::nullopt};
+  if (auto found = find_weights(card)) {
+    if (!found->not_a_file.empty()) refuse_not_a_file(card, *found);
+    return {found->path, std::nullopt};
+  }
   const std::string url = download_url(card);
   if (offline()) {
     throw Error(ErrorCode::kOffline,
@@ -599,6 +636,10 @@ WeightsStatus weights_status(const std::string& id) {
     s.path = found->path;
     s.location = found->location;
     s.present = true;
+    if (!found->not_a_file.empty()) {
+      s.problem = "not a file: it is " + found->not_a_file;
+      return s;
+    }
     std::error_code ec;
     s.size = fs::file_size(s.path, ec);
     if (card.size && s.size != *card.size) {
@@ -624,6 +665,9 @@ std::string fetch(const std::string& id, const FetchOptions& options) {
 
 WeightsStatus verify(const std::string& id) {
   const Card card = find_card(id);
+  if (const auto found = io::find_weights(card); found && !found->not_a_file.empty()) {
+    io::refuse_not_a_file(card, *found);
+  }
   WeightsStatus s = weights_status(id);
   if (!s.present) {
     throw Error(ErrorCode::kNotFound,

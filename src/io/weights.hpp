@@ -26,8 +26,13 @@ bool show_license_notice(const Card& card);
 struct Located {
   std::string path;
   std::string location;  // "weights_path", "cache" or "hf_cache"
+  // What is at `path` when it is not a regular file ("a directory", "a character device",
+  // ...; links followed), "" for a file: such an entry is reported as what it is, never taken
+  // for a missing file.
+  std::string not_a_file;
 };
-// Looks for the card's file without hashing or network.
+// Looks for the card's file without hashing or network: the first candidate where something
+// exists.
 std::optional<Located> find_weights(const Card& card);
 
 // Where a download puts the card's file: <cache>/weights/<file>.
