@@ -210,6 +210,12 @@ SAPIENS_SEG_API Image resize(ImageView image, int height, int width,
 // result's size.
 SAPIENS_SEG_API Image overlay(const Result& result, ImageView image, float opacity = 0.5f);
 
+// Whether this process is a child forked (fork(), multiprocessing's "fork") after the library was
+// loaded. Such a child runs the library on one CPU thread: GNU OpenMP's worker threads, which
+// LibTorch's CPU operators use, exist in the parent only, and a parallel region in the child
+// would wait for them for ever. To use every core in workers, spawn them instead of forking.
+SAPIENS_SEG_API bool forked_child() noexcept;
+
 // Library version ("0.1.0").
 SAPIENS_SEG_API const char* version() noexcept;
 

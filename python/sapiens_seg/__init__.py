@@ -39,7 +39,6 @@ from .errors import (
     WeightsNotFoundError,
 )
 from . import _core
-from . import _fork
 from ._log import get_log_level, log_to_python, log_to_stderr, set_log_level
 from . import segmentation
 from .segmentation import (
@@ -56,12 +55,12 @@ from .segmentation import (
 
 __version__: str = _core.version()
 
-_fork.install()  # a process forked after the library ran keeps working (see _fork)
 
 __all__ = [
     "__version__",
     "segmentation",
     "load",
+    "forked_child",
     "download",
     "read_image",
     "resize",
@@ -185,6 +184,16 @@ def _card(d: dict) -> Card:
     d["classes"] = tuple(d["classes"])
     d["palette"] = tuple(tuple(int(v) for v in rgb) for rgb in d["palette"].tolist())
     return Card(**d)
+
+
+def forked_child() -> bool:
+    """Whether this process was forked (``os.fork``, multiprocessing's ``"fork"``) after the
+    library was loaded. Such a child runs the library on one CPU thread: GNU OpenMP's worker
+    threads, which LibTorch's CPU operators use, exist in the parent only, and a parallel region
+    in the child would wait for them for ever (plain torch hangs there). The library sets the
+    child's thread count to 1 at its first call. Workers that need every core: use the
+    ``"spawn"`` or ``"forkserver"`` start method. CUDA cannot be used after a fork."""
+    return bool(_core.forked_child())
 
 
 def system_info() -> SystemInfo:

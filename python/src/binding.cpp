@@ -379,8 +379,8 @@ py::list segment(const ss::Model& model, const py::list& items, const py::dict& 
       } catch (const ss::Error& e) {
         if (first_index < 0) throw;
         // Which item of the list failed, as the message's first words.
-        throw ss::Error(e.code(), "x[" + std::to_string(first_index + static_cast<int>(i)) +
-                                      "]: " + e.what());
+        throw ss::Error(
+            e.code(), "x[" + std::to_string(first_index + static_cast<int>(i)) + "]: " + e.what());
       }
     }
     if (!interrupted && check_signals()) results = model.run(prepared, opt);
@@ -754,8 +754,7 @@ PYBIND11_MODULE(_core, m) {
            "is released.")
       .def("run", &run_prepared, py::arg("batch"), py::arg("options"),
            "Runs prepared images as one network batch (Model::run); the GIL is released.")
-      .def("segment", &segment, py::arg("items"), py::arg("options"),
-           py::arg("first_index") = -1,
+      .def("segment", &segment, py::arg("items"), py::arg("options"), py::arg("first_index") = -1,
            "Segments a list of (kind, payload) items in one batch (prepare each, run them); "
            "`options`: {name: text} of the segment options. The GIL is released.")
       .def_property_readonly("info", &model_info);
@@ -769,6 +768,10 @@ PYBIND11_MODULE(_core, m) {
         "Every option of the library as a dict (name, group load/segment/run, type, default, "
         "choices, min, max, help): what segmentation.load's and Model.__call__'s keyword "
         "arguments are made from.");
+  m.def(
+      "forked_child", [] { return ss::forked_child(); },
+      "Whether this process was forked after the library was loaded (it then runs the library on "
+      "one CPU thread: sapiens_seg::forked_child).");
   m.def(
       "default_model", [] { return std::string(ss::default_model()); },
       "The model the command-line tools load when none is named.");

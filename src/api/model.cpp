@@ -19,6 +19,7 @@
 #include "../io/image.hpp"
 #include "../io/log.hpp"
 #include "../io/weights.hpp"
+#include "fork.hpp"
 #include "sapiens_seg/cards.hpp"
 
 namespace sapiens_seg {
@@ -192,6 +193,7 @@ void log_auto_choice(const LoadOptions& opt, const c10::Device& device) {
 
 Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const auto t0 = Clock::now();
+  api::settle_after_fork();
   if (opt.threads > 0) at::set_num_threads(opt.threads);
   // 1. Device and dtype: one that cannot run here (no CUDA, bfloat16 on a CPU without fast
   //    bfloat16 GEMMs) fails before any download, hashing or reading.
@@ -351,6 +353,7 @@ Error batch_error(std::size_t size) {
 
 Prepared Model::prepare(const Input& input) const {
   const Impl& m = checked();
+  api::settle_after_fork();
   try {
     return Prepared(prepare_unguarded(m, input, describe(input)));
   } catch (...) {
@@ -361,6 +364,7 @@ Prepared Model::prepare(const Input& input) const {
 std::vector<Result> Model::run(std::span<const Prepared> batch,
                                const SegmentOptions& options) const {
   const Impl& m = checked();
+  api::settle_after_fork();
   if (batch.empty()) return {};
   try {
     return run_unguarded(m, batch, options);
@@ -372,6 +376,7 @@ std::vector<Result> Model::run(std::span<const Prepared> batch,
 std::vector<Result> Model::segment(std::span<const Input> batch,
                                    const SegmentOptions& options) const {
   const Impl& m = checked();
+  api::settle_after_fork();
   if (batch.empty()) return {};
   std::vector<Prepared> prepared;
   prepared.reserve(batch.size());

@@ -4,6 +4,7 @@
 #include "../core/backends/backends.hpp"
 #include "../core/resize/resize.hpp"
 #include "../io/image.hpp"
+#include "fork.hpp"
 #include "sapiens_seg/model.hpp"
 
 namespace sapiens_seg {
@@ -53,6 +54,7 @@ Image resize_unguarded(ImageView image, int height, int width, const ResizeOptio
 }  // namespace
 
 Image resize(ImageView image, int height, int width, const ResizeOptions& options) {
+  api::settle_after_fork();
   // LibTorch (the device path, its allocator) throws its own types; callers get the library's.
   try {
     return resize_unguarded(image, height, width, options);

@@ -2,6 +2,9 @@
 // authors' recipe, batches, input kinds, errors, cards and weights, threads.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -267,6 +270,32 @@ TEST(UnitApi, ReadImageInfoReadsTheHeaderOnly) {
                                           ' ', 'i', 'm', 'a', 'g', 'e'};
   expect_error([&] { (void)read_image_info(junk.data(), junk.size()); }, ErrorCode::kInvalidInput,
                {});
+}
+
+// A child forked after the model ran (with LibTorch's OpenMP pool started in the parent) runs it
+// again and gets the same labels: the library's fork handler makes the child single-threaded at
+// its first call. Without it the child waits at libgomp's barrier for ever (the alarm ends it).
+TEST(UnitApi, AChildForkedAfterTheModelRanCanRunItAgain) {
+  const Model m = load_fixture("tiny_a");
+  const Input in = Input::file(fixture("images/synth_300x211.png"));
+  const std::vector<std::uint8_t> labels = m.segment(in).labels;
+  EXPECT_FALSE(forked_child());
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(120);
+    int code = 3;
+    try {
+      code = forked_child() && m.segment(in).labels == labels ? 0 : 4;
+    } catch (...) {
+      code = 5;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(UnitApi, LogitsOnlyWhenAskedAndConsistentWithLabels) {

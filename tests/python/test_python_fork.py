@@ -1,7 +1,7 @@
 """A process forked after the library ran (os.fork, multiprocessing's "fork" start method, a
 pre-forking server) calls the model and gets the parent's results, on one CPU thread; before,
 it waited for ever at GNU OpenMP's barrier for worker threads that exist only in the parent
-(python/sapiens_seg/_fork.py, docs/python.md "Processes and fork"). The "spawn" start method,
+(the library's fork handler, src/api/fork.hpp; docs/python.md "Processes and fork"). The "spawn" start method,
 the documented way to get workers with every core, works too.
 
 Each case runs in its own interpreter under a time limit, so a hang fails the test instead of
@@ -55,7 +55,7 @@ def test_a_child_forked_after_the_model_ran_gets_the_same_labels(threads):
             import signal
             signal.alarm(60)  # a hang ends the child, and fails the test below
             ok = np.array_equal(m(IMG).labels, parent) and len(m([IMG, IMG])) == 2
-            os._exit(0 if ok and sapiens_seg._fork.single_threaded else 3)
+            os._exit(0 if ok and sapiens_seg.forked_child() else 3)
         _, status = os.waitpid(pid, 0)
         print("child", os.waitstatus_to_exitcode(status))
         assert np.array_equal(m(IMG).labels, parent)  # and the parent goes on
@@ -86,7 +86,7 @@ def test_a_multiprocessing_fork_pool_and_a_spawn_pool_both_work():
 
         def labels(_):
             m = segmentation.load(TINY, device="cpu")
-            return m(IMG).labels, sapiens_seg._fork.single_threaded
+            return m(IMG).labels, sapiens_seg.forked_child()
 
         if __name__ == "__main__":
             parent = segmentation.load(TINY, device="cpu")(IMG).labels
@@ -114,7 +114,7 @@ def test_a_child_of_a_parent_that_never_ran_the_library_may_ask_for_threads_agai
             import signal
             signal.alarm(60)
             m = segmentation.load(TINY, device="cpu", threads=2)
-            ok = sapiens_seg._fork.single_threaded and m(IMG).labels.shape == (64, 48)
+            ok = sapiens_seg.forked_child() and m(IMG).labels.shape == (64, 48)
             os._exit(0 if ok else 3)
         _, status = os.waitpid(pid, 0)
         print("child", os.waitstatus_to_exitcode(status))
