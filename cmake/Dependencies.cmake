@@ -148,6 +148,11 @@ if(SAPIENS_SEG_BUILD_IO)
   pkg_check_modules(WEBP REQUIRED IMPORTED_TARGET libwebp)
   pkg_check_modules(STB REQUIRED IMPORTED_TARGET stb)
   set(SAPIENS_SEG_IMAGE_LIBS JPEG::JPEG PNG::PNG TIFF::TIFF PkgConfig::WEBP PkgConfig::STB)
+  # The CLI's video reader (src/cli/video_reader.cpp): FFmpeg's container, codec, scaling and
+  # utility libraries (Debian 12: FFmpeg 5.1; the reader builds against 5.0 to 7.x). Linked to
+  # the sapiens-seg executable only, not to the library.
+  pkg_check_modules(FFMPEG REQUIRED IMPORTED_TARGET libavformat>=59 libavcodec>=59 libswscale>=6
+                    libavutil>=57)
 endif()
 
 # ---- what the kernels backend needs (kernels/kernels.cmake) ----------------------------------

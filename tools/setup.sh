@@ -58,6 +58,8 @@ APT_PKGS=(
   # own decoders, stb_image reads BMP and PGM/PPM headers
   libjpeg62-turbo-dev libpng-dev libtiff-dev libwebp-dev libstb-dev
   python3-dev python3-venv # the venv, and Python.h for the binding
+  # the CLI's video reader: FFmpeg's containers, decoders, pixel conversion (src/cli/video_reader.cpp)
+  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev
   ffmpeg                   # ffprobe: the tests check the overlay video's codec, frames and rate
   libboost1.81-dev         # Boost.Beast and Asio (header-only): the HTTP server of `sapiens-seg serve`
   chromium chromium-driver # a headless browser for the server's web page test (test_serve_browser.py)

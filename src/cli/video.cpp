@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -19,9 +20,8 @@
 
 #include "cli/files.hpp"
 #include "cli/json_paths.hpp"
-#include "cli/mkv_meta.hpp"
-#include "cli/mp4_meta.hpp"
 #include "cli/stop.hpp"
+#include "cli/video_reader.hpp"
 
 namespace sapiens_seg::cli {
 namespace fs = std::filesystem;
@@ -164,7 +164,8 @@ class VideoOut {
 };
 
 // OpenCV's VideoWriter reports no write error (a full disk, a file size limit): the finished
-// file is flushed to disk and read back, and must hold every frame written, or it is not kept.
+// file is flushed to disk and read back (decoded by FFmpeg, video_reader.hpp), and must hold
+// every frame written, or it is not kept.
 void check_written_video(const std::string& tmp, const std::string& final_path,
                          std::int64_t frames) {
   const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
@@ -176,12 +177,7 @@ void check_written_video(const std::string& tmp, const std::string& final_path,
   if (err) {
     throw Error(ErrorCode::kIo, "cannot write " + final_path + " (" + std::strerror(err) + ")");
   }
-  std::int64_t n = 0;
-  {
-    const QuietOpenCV quiet;
-    cv::VideoCapture check(tmp, cv::CAP_FFMPEG);
-    while (check.isOpened() && n <= frames && check.grab()) ++n;
-  }
+  const std::int64_t n = std::max<std::int64_t>(0, count_decodable_frames(tmp));
   if (n != frames) {
     throw Error(ErrorCode::kIo,
                 "cannot write " + final_path + ": the finished video holds " + std::to_string(n) +
@@ -189,108 +185,6 @@ void check_written_video(const std::string& tmp, const std::string& final_path,
                     " frames written (the file system is full, or a file size limit was reached; "
                     "the video encoder reports no write error); it is not kept");
   }
-}
-
-// A stored frame as players show it (mp4::Transform: a horizontal mirror, then a turn).
-cv::Mat as_displayed(const cv::Mat& stored, const mp4::Transform& t) {
-  if (t.identity()) return stored;
-  cv::Mat m = stored;
-  if (t.mirrored()) cv::flip(stored, m, 1);
-  cv::Mat out;
-  switch (t.clockwise_degrees()) {
-    case 90:
-      cv::rotate(m, out, cv::ROTATE_90_CLOCKWISE);
-      return out;
-    case 180:
-      cv::rotate(m, out, cv::ROTATE_180);
-      return out;
-    case 270:
-      cv::rotate(m, out, cv::ROTATE_90_COUNTERCLOCKWISE);
-      return out;
-    default:
-      return m.data == stored.data ? stored.clone() : m;
-  }
-}
-
-// The container's facts that the frames are checked and timed against (mp4_meta.hpp,
-// mkv_meta.hpp), for MP4/MOV and Matroska/WebM; other containers (AVI, ...) get none, and
-// OpenCV's counts and times are used.
-struct Timeline {
-  bool known = false;
-  std::vector<double> times;          // presented frames, seconds after the first
-  std::vector<mp4::Size> sizes;       // their decoded picture sizes (0x0: unknown)
-  double duration = 0;                // seconds, first frame to the end of the last
-  double rate = 0;                    // frames per second (see below)
-  bool variable = false;              // frame durations differ beyond rounding
-  std::size_t complete = 0, samples = 0;  // samples whose data is in the file, of all
-};
-
-Timeline timeline_of(const mp4::Info& info) {
-  Timeline t;
-  if (!info.ok || info.timescale == 0) return t;
-  const auto shown = mp4::presented(info);
-  t.samples = info.samples.size();
-  t.complete = mp4::complete_samples(info);
-  if (shown.empty()) return t;  // nothing to check against: OpenCV's counts are used
-  const double ts = info.timescale;
-  const std::int64_t first = shown.front()->pts;
-  double min_step = 0, max_step = 0;
-  for (std::size_t i = 0; i < shown.size(); ++i) {
-    t.times.push_back(static_cast<double>(shown[i]->pts - first) / ts);
-    t.sizes.push_back(shown[i]->picture);
-    if (i > 0) {
-      const double step = t.times[i] - t.times[i - 1];
-      if (step > 0) {
-        min_step = min_step == 0 ? step : std::min(min_step, step);
-        max_step = std::max(max_step, step);
-      }
-    }
-  }
-  std::int64_t end = shown.back()->pts + shown.back()->duration;
-  if (info.edit_end) end = std::min(end, *info.edit_end);
-  t.duration = std::max(static_cast<double>(end - first) / ts, t.times.back());
-  // Constant rate: the frames over the duration. Variable: the fastest step (up to 60 frames a
-  // second), so that no frame has to share a slot of the overlay video with another.
-  t.variable = min_step > 0 && max_step > 1.5 * min_step;
-  if (t.variable) {
-    t.rate = std::clamp(1.0 / min_step, shown.size() / std::max(t.duration, 1e-3), 60.0);
-    // Millisecond timestamps (Matroska) make 30 fps steps of 33 ms: the common rate it is.
-    for (const double common : {24000.0 / 1001, 24.0, 25.0, 30000.0 / 1001, 30.0, 50.0,
-                                60000.0 / 1001, 60.0}) {
-      if (std::abs(t.rate - common) < 0.015 * common) {
-        t.rate = common;
-        break;
-      }
-    }
-  } else if (t.duration > 0) {
-    t.rate = shown.size() / t.duration;
-  }
-  t.rate = std::round(t.rate * 1000) / 1000;
-  t.known = t.rate > 0;
-  return t;
-}
-
-// Which presented frame was decoded at `seconds` after the first (nearest time within half a
-// frame), or nullopt.
-std::optional<std::size_t> frame_at(const Timeline& t, double seconds) {
-  if (!t.known || t.times.empty()) return std::nullopt;
-  const auto it = std::lower_bound(t.times.begin(), t.times.end(), seconds);
-  std::optional<std::size_t> best;
-  double best_d = 0;
-  for (auto c : {it, it == t.times.begin() ? it : it - 1}) {
-    if (c == t.times.end()) continue;
-    const double d = std::abs(*c - seconds);
-    if (!best || d < best_d) {
-      best = static_cast<std::size_t>(c - t.times.begin());
-      best_d = d;
-    }
-  }
-  const double tolerance = t.rate > 0 ? 0.5 / t.rate : 0.02;
-  return best && best_d <= tolerance ? best : std::nullopt;
-}
-
-std::string size_text(int w, int h) {
-  return std::to_string(w) + "x" + std::to_string(h);
 }
 
 // Frame numbers as ranges ([[10, 19], [40, 40]]) for the JSON entry, and in words.
@@ -313,69 +207,47 @@ struct Ranges {
     for (const auto& [a, b] : r) j.push_back({a, b});
     return j;
   }
+  std::string text() const {
+    std::string list;
+    for (const auto& [f, l] : r) {
+      list += (list.empty() ? "" : ", ") + std::to_string(f) +
+              (l > f ? "-" + std::to_string(l) : std::string());
+    }
+    return list;
+  }
 };
 
 }  // namespace
 
-// Videos: frames in order, turned as players show them, batched, written to an overlay video
-// (H.264 or mp4v in .mp4, see VideoOut; the input's frame rate divided by the stride, the
-// input's duration, the displayed frame size) and/or one label PNG per processed frame.
+// Videos: frames in order, decoded and turned as players show them (video_reader.hpp), batched,
+// written to an overlay video (H.264 or mp4v in .mp4, see VideoOut; the input's frame rate
+// divided by the stride, the input's duration, the first displayed frame's size) and/or one
+// label PNG per processed frame, each at its frame's own size.
 void run_video(const Model& model, const std::string& path, const OutputNames& names,
                const SegmentArgs& a, const SaveSet& save, OverlayStyle style, Reporter& report,
                const std::atomic<bool>& cancel) {
-  mp4::Info info = mp4::read_info(path);
-  if (info.container.empty()) info = mkv::read_info(path);
-  const Timeline timeline = timeline_of(info);
-  cv::VideoCapture cap;
-  {
-    const QuietOpenCV quiet;
-    if (!cap.open(path, cv::CAP_FFMPEG)) cap.open(path);
-  }
-  const bool empty_track = info.ok && mp4::presented(info).empty();
-  if (!cap.isOpened()) {
-    std::string why = "cannot open video " + path;
-    if (empty_track) {
-      why = path + " has no video frames (its video track is empty)";
-    } else if (!info.container.empty() && !info.problem.empty()) {
-      why += ": " + info.problem +
-             " (a copy or download that stopped early, or a recording that was not finished)";
-    }
-    report.failed(path, Error(ErrorCode::kInvalidInput, why));
+  std::unique_ptr<VideoReader> reader;
+  try {
+    reader = std::make_unique<VideoReader>(path, cancel);
+  } catch (...) {
+    if (cancel) return;
+    report.failed(path, as_error(std::current_exception(), "opening the video " + path));
     return;
   }
-  // The frames as stored: the turn is ours, from the file's own display matrix (OpenCV's
-  // FFmpeg capture turns 90/270-degree videos the wrong way in some releases).
-  cap.set(cv::CAP_PROP_ORIENTATION_AUTO, 0);
+  const VideoStreamInfo& vi = reader->info();
   std::vector<std::string> warnings;
-  mp4::Transform turn = info.ok && info.iso ? info.display : mp4::Transform{};
-  if (info.ok && info.display.exotic) {
-    warnings.push_back("its display matrix is not a quarter turn or mirror; frames are "
-                       "segmented as stored");
+  if (vi.odd_matrix) {
+    char angle[64];
+    std::snprintf(angle, sizeof angle, "%.1f", vi.odd_angle);
+    warnings.push_back(std::string("its display matrix turns the picture by ") + angle +
+                       " degrees, not a quarter turn; frames are segmented as stored");
   }
-  if (!turn.identity() && cap.get(cv::CAP_PROP_ORIENTATION_AUTO) != 0) {
-    report.failed(path, Error(ErrorCode::kInternal,
-                              "cannot read the frames of " + path +
-                                  " unturned: this OpenCV (" + CV_VERSION +
-                                  ") keeps turning them itself, possibly the wrong way"));
-    return;
-  }
-  if (!info.iso && cap.get(cv::CAP_PROP_ORIENTATION_META) != 0) {
-    warnings.push_back("its container says the picture is turned (" +
-                       std::to_string(static_cast<int>(cap.get(cv::CAP_PROP_ORIENTATION_META))) +
-                       " degrees, as OpenCV reads it); only MP4/MOV display matrices are "
-                       "applied, so frames are segmented as stored");
-  }
-  if (!info.container.empty() && !info.ok && !info.problem.empty()) {
-    warnings.push_back("its " + info.container + " index could not be read (" + info.problem +
-                       "); frames are counted and timed as OpenCV gives them");
-  }
-  const double opencv_fps = cap.get(cv::CAP_PROP_FPS);
-  const double rate = timeline.known && timeline.rate > 0 ? timeline.rate
-                      : opencv_fps > 0 && opencv_fps <= 1000 ? opencv_fps
-                                                             : 25.0;
-  const auto opencv_count = static_cast<std::int64_t>(cap.get(cv::CAP_PROP_FRAME_COUNT));
-  const std::int64_t total =
-      timeline.known ? static_cast<std::int64_t>(timeline.times.size()) : opencv_count;
+  const double rate = vi.rate;
+  // For the progress line: what the container lists, else its duration at the rate.
+  const std::int64_t expected =
+      vi.frames_listed ? *vi.frames_listed
+      : vi.header_duration ? static_cast<std::int64_t>(std::llround(*vi.header_duration * rate))
+                           : 0;
   const std::string& video_out = names.overlay_video;
   const std::string& video_tmp = names.overlay_video_partial;
   const fs::path frames_dir = names.frames_dir;
@@ -384,11 +256,9 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
   const TempFileGuard partial_guard(video_tmp);
   std::int64_t read = 0, processed = 0;
   bool frames_dir_made = false;
-  std::optional<double> first_time, last_time;
-  std::optional<std::size_t> matched;  // the container's frame last matched (MP4/MOV)
   std::optional<cv::Size> displayed;
-  Ranges undecodable;
-  std::vector<std::string> size_notes;
+  std::vector<cv::Size> sizes;  // the distinct displayed sizes, in order (at most 16)
+  Ranges undecodable, damaged;
   struct Item {
     std::int64_t index;
     std::optional<double> seconds;
@@ -430,7 +300,7 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
     }
     batch.clear();
     items.clear();
-    report.frames(path, read, total);
+    report.frames(path, read, std::max(expected, read));
   };
   auto written_outputs = [&] {
     nlohmann::json outputs = nlohmann::json::object();
@@ -438,53 +308,25 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
     return outputs;
   };
   try {
-    cv::Mat frame, rgb;
-    cv::Size stored_size;
-    while (!cancel && cap.read(frame)) {
-      const std::int64_t index = read++;
-      // The frame's time after the first, from its timestamp (nullopt when the backend gives
-      // none that moves on: OpenCV 4.6 gives 0 for the frames the decoder hands over at the
-      // end of the stream).
-      std::optional<double> seconds;
-      const double ms = cap.get(cv::CAP_PROP_POS_MSEC);
-      if (!first_time) first_time = ms;
-      const double rel = (ms - *first_time) / 1000.0;
-      if (index == 0 || (rel > 0 && (!last_time || rel > *last_time))) seconds = rel;
-      // MP4/MOV: which of the frames the container shows this is (by its time; without one,
-      // the one after the previous), its exact time and its picture size.
-      std::optional<mp4::Size> want;
-      if (timeline.known && !timeline.times.empty()) {
-        std::optional<std::size_t> k = seconds ? frame_at(timeline, *seconds) : std::nullopt;
-        if (!k && !seconds) {
-          const std::size_t next = matched ? *matched + 1 : 0;
-          if (next < timeline.times.size()) k = next;
-        }
-        if (k) {
-          matched = k;
-          seconds = timeline.times[*k];
-          want = timeline.sizes[*k];
-        }
-      }
-      if (seconds) last_time = seconds;
-      if (index == 0) stored_size = frame.size();
-      if (index % a.stride != 0) continue;
-      // OpenCV converts every frame at the first frame's size, so a frame of another size
-      // comes out stale or scrambled: it is not segmented, and said so, rather than labelled
-      // as a picture it is not.
-      if (want && want->width > 0 && (want->width != frame.cols || want->height != frame.rows)) {
+    VideoFrame f;
+    while (!cancel && reader->next(f)) {
+      read = f.index + 1;
+      if (f.index % a.stride != 0) continue;
+      if (!f.decoded) {
+        // No picture: not segmented, black in the overlay (never a repeated picture).
         flush();
-        if (undecodable.r.empty() || undecodable.r.back().second + 1 != index) {
-          size_notes.push_back(size_text(want->width, want->height));
-        }
-        undecodable.add(index);
-        if (save.overlay && video.is_open()) video.place_black(seconds);
+        undecodable.add(f.index);
+        if (save.overlay && video.is_open()) video.place_black(f.seconds);
         continue;
       }
-      const cv::Mat shown = as_displayed(frame, turn);
-      if (!displayed) displayed = shown.size();
-      cv::cvtColor(shown, rgb, cv::COLOR_BGR2RGB);
+      if (f.damaged) damaged.add(f.index);
+      const cv::Mat& rgb = reader->rgb();
+      if (!displayed) displayed = rgb.size();
+      if (sizes.size() < 16 && std::find(sizes.begin(), sizes.end(), rgb.size()) == sizes.end()) {
+        sizes.push_back(rgb.size());
+      }
       batch.push_back(model.prepare(Input::rgb_copy({rgb.data, rgb.rows, rgb.cols, rgb.step})));
-      items.push_back({index, seconds});
+      items.push_back({f.index, f.seconds});
       if (batch.size() == static_cast<std::size_t>(a.run.batch_size)) flush();
     }
     if (!cancel) flush();
@@ -494,18 +336,24 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
       fs::remove(video_tmp, ec);  // no truncated video under the final name
       return;
     }
-    if (processed == 0 && undecodable.r.empty()) {
-      throw Error(ErrorCode::kInvalidInput,
-                  empty_track ? path + " has no video frames (its video track is empty)"
-                              : "no frame could be read from " + path +
-                                    (info.cut ? " (the file is cut short)" : ""));
+    const VideoEnd end = reader->end();
+    if (processed == 0) {
+      std::string why;
+      if (end.frames == 0 && end.packets == 0 && !end.truncated) {
+        why = path + " has no video frames (its video track is empty)";
+      } else if (end.frames == 0) {
+        why = "no frame could be read from " + path +
+              (end.truncated ? " (" + end.why + ")" : std::string());
+      } else {
+        why = "none of the " + std::to_string(end.frames) + " frames of " + path +
+              " could be decoded" +
+              (end.decode_error.empty() ? std::string() : " (FFmpeg: " + end.decode_error + ")");
+      }
+      throw Error(ErrorCode::kInvalidInput, why);
     }
     nlohmann::json outputs = nlohmann::json::object();
     if (save.overlay && video.is_open()) {
-      // The last frame lasts to the input's end.
-      const double end = timeline.known ? timeline.duration
-                                        : last_time.value_or(0) + 1.0 / rate;
-      video.finish(end);
+      video.finish(end.duration);  // the last frame lasts to the input's end
       video.release();
       check_written_video(video_tmp, video_out, video.written());
       if (std::rename(video_tmp.c_str(), video_out.c_str()) != 0) {
@@ -521,83 +369,51 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
     nlohmann::json entry = {{"frames", processed},
                             {"frames_read", read},
                             {"fps", rate},
-                            {"width", displayed ? displayed->width : stored_size.width},
-                            {"height", displayed ? displayed->height : stored_size.height},
+                            {"width", displayed->width},
+                            {"height", displayed->height},
                             {"outputs", outputs}};
-    if (!turn.identity()) {
-      entry["rotation"] = turn.clockwise_degrees();
-      if (turn.mirrored()) entry["mirrored"] = true;
+    if (vi.rotation != 0 || vi.mirrored) {
+      entry["rotation"] = vi.rotation;
+      if (vi.mirrored) entry["mirrored"] = true;
     }
-    if (timeline.variable) {
+    if (sizes.size() > 1) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& s : sizes) list.push_back({s.width, s.height});
+      entry["frame_sizes"] = list;
+    }
+    if (end.variable_rate) {
       entry["variable_frame_rate"] = true;
-      entry["duration_s"] = timeline.duration;
+      entry["duration_s"] = end.duration;
     }
     if (save.overlay) {
       entry["codec"] = video.codec;
       if (!video.fallback.empty()) entry["codec_fallback"] = video.fallback;
       if (video.left_out() > 0) entry["frames_not_in_overlay"] = video.left_out();
     }
+    // A cut file (a copy or download that stopped) decodes up to the cut and then reads as
+    // ended; the reader tells it from a healthy variable-rate or trimmed file by the
+    // container's index, count or duration (video_reader.hpp).
+    if (end.frames_in_container) entry["frames_in_container"] = *end.frames_in_container;
+    if (end.truncated) {
+      entry["truncated"] = true;
+      warnings.push_back(end.why);
+    }
     if (!undecodable.r.empty()) {
-      std::string sizes;
-      for (const auto& s : size_notes) {
-        if (sizes.find(s) == std::string::npos) sizes += (sizes.empty() ? "" : ", ") + s;
-      }
-      std::string list;
-      for (const auto& [f, l] : undecodable.r) {
-        list += (list.empty() ? "" : ", ") + std::to_string(f) +
-                (l > f ? "-" + std::to_string(l) : std::string());
-      }
       entry["frames_not_segmented"] = undecodable.json();
-      warnings.push_back("frames " + list + " (" + std::to_string(undecodable.count()) +
-                         ") have another size (" + sizes + ") than the stream's first frame (" +
-                         size_text(stored_size.width, stored_size.height) +
-                         "), which this OpenCV (" + CV_VERSION +
-                         ") cannot decode: they are not segmented" +
+      warnings.push_back("frames " + undecodable.text() + " (" +
+                         std::to_string(undecodable.count()) + ") could not be decoded" +
+                         (end.decode_error.empty() ? std::string()
+                                                   : " (FFmpeg: " + end.decode_error + ")") +
+                         ": they are not segmented" +
                          (save.overlay ? " (black in the overlay video)" : ""));
     }
-    // A cut file (a copy or download that stopped) decodes up to the cut and then reads as
-    // ended. MP4/MOV: the index says how many frames are shown (an edit list's hidden frames
-    // left out, a variable frame rate counted as it is) and whether their data is all in the
-    // file. Other containers: only FFmpeg's frame count (given, or estimated from the
-    // duration) and the last frame's time tell.
-    bool truncated = false;
-    std::string why;
-    if (timeline.known) {
-      truncated = read < total;
-      if (info.cut) {
-        char at[96] = "inside a cluster";
-        if (info.header_end && info.timescale > 0 && !timeline.times.empty()) {
-          std::snprintf(at, sizeof at, "at %.2f s of the %.2f s its header gives",
-                        timeline.times.back(),
-                        static_cast<double>(*info.header_end) / info.timescale);
-        }
-        why = std::string("truncated: the file ends ") + at + "; " + std::to_string(read) +
-              " frames could be read";
-        truncated = true;
-      } else if (timeline.complete < timeline.samples) {
-        why = "truncated: the file ends inside the data of frame " +
-              std::to_string(timeline.complete + 1) + " of " + std::to_string(timeline.samples) +
-              "; only " + std::to_string(read) + " of the " + std::to_string(total) +
-              " frames the container lists could be read";
-        truncated = true;
-      } else if (truncated) {
-        why = "truncated or damaged: only " + std::to_string(read) + " of the " +
-              std::to_string(total) + " frames the container lists could be decoded";
-      }
-    } else if (total > 0 && read < total) {
-      const double expected_end = static_cast<double>(total) / rate;
-      truncated = !last_time || *last_time + 1.5 / rate < expected_end;
-      if (truncated) {
-        why = "truncated or damaged: only " + std::to_string(read) + " of the " +
-              std::to_string(total) + " frames the container lists could be read";
-      }
-    }
-    // The container's count where it is one (MP4/MOV), or where a cut is reported; FFmpeg's
-    // estimate for other containers (duration x rate) is no count for a variable rate.
-    if (timeline.known || truncated) entry["frames_in_container"] = total;
-    if (truncated) {
-      entry["truncated"] = true;
-      warnings.push_back(why);
+    if (!damaged.r.empty()) {
+      entry["frames_damaged"] = damaged.json();
+      warnings.push_back("frames " + damaged.text() + " (" + std::to_string(damaged.count()) +
+                         ") were decoded with errors that the decoder concealed" +
+                         (end.decode_error.empty() ? std::string()
+                                                   : " (FFmpeg: " + end.decode_error + ")") +
+                         "; they are segmented as decoded");
     }
     if (!warnings.empty()) {
       entry["warnings"] = warnings;
