@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -19,9 +21,9 @@
 #include "cli/files.hpp"
 #include "cli/inputs.hpp"
 #include "cli/json_paths.hpp"
-#include "cli/mp4_meta.hpp"
 #include "cli/naming.hpp"
 #include "cli/stop.hpp"
+#include "cli/video_reader.hpp"
 #include "test_util.hpp"
 
 using namespace sapiens_seg::cli;
@@ -456,17 +458,8 @@ TEST(UnitCliFiles, NpyIsWhatNumPyReadsWrittenInPieces) {
   fs::remove_all(d);
 }
 
-// ---- issue 39: writes that fail, the output folder's lock, killed runs, long paths, MP4 facts ----
-
-namespace {
-std::vector<std::uint8_t> from_hex(const std::string& h) {
-  std::vector<std::uint8_t> out;
-  for (std::size_t i = 0; i + 1 < h.size(); i += 2) {
-    out.push_back(static_cast<std::uint8_t>(std::stoi(h.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
-}  // namespace
+// ---- issue 39: writes that fail, the output folder's lock, killed runs, long paths, MP4 facts
+// ----
 
 // Under a file size limit (RLIMIT_FSIZE, `ulimit -f`) a write fails with EFBIG and is an I/O
 // error naming the limit; with SIGXFSZ ignored (install_stop_handlers) the process lives, and
@@ -479,7 +472,7 @@ TEST(UnitCliFiles, AFileSizeLimitIsAnErrorThatLeavesNothing) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     install_stop_handlers();
-    const struct rlimit lim {1000, 1000};
+    const struct rlimit lim { 1000, 1000 };
     ::setrlimit(RLIMIT_FSIZE, &lim);
     int status = 0;
     const std::string big(5000, 'x');
@@ -520,9 +513,9 @@ TEST(UnitCliFiles, TheOutputFolderLockIsExclusiveAndNamesItsHolder) {
     const OutDirLock first(d.string());
     EXPECT_EQ(first.unsupported(), "");
     EXPECT_TRUE(fs::exists(d / lock_file_name()));
-    sapiens_seg::test::expect_error([&] { OutDirLock second(d.string()); }, ErrorCode::kIo,
-                                    {"another sapiens-seg run", "pid " + std::to_string(::getpid()),
-                                     ".sapiens-seg.lock"});
+    sapiens_seg::test::expect_error(
+        [&] { OutDirLock second(d.string()); }, ErrorCode::kIo,
+        {"another sapiens-seg run", "pid " + std::to_string(::getpid()), ".sapiens-seg.lock"});
   }
   EXPECT_FALSE(fs::exists(d / lock_file_name()));
   { const OutDirLock again(d.string()); }
@@ -545,10 +538,10 @@ TEST(UnitCliFiles, StaleTemporaryFilesAreRemovedAndNothingElse) {
   const fs::path d = sapiens_seg::test::scratch_dir("cli_stale");
   fs::create_directories(d / "clip_frames");
   fs::create_directories(d / "photos");
-  for (const fs::path& p : {d / "a_seg.png.tmp5.png", d / "clip_overlay.partial.mp4",
-                            d / "clip_frames" / "frame_000001_seg.png.tmp5.png",
-                            d / "photos" / "b_seg.png.tmp5.png", d / "holiday.tmp2023",
-                            d / "a_seg.png"}) {
+  for (const fs::path& p :
+       {d / "a_seg.png.tmp5.png", d / "clip_overlay.partial.mp4",
+        d / "clip_frames" / "frame_000001_seg.png.tmp5.png", d / "photos" / "b_seg.png.tmp5.png",
+        d / "holiday.tmp2023", d / "a_seg.png"}) {
     std::ofstream(p) << "x";
   }
   EXPECT_EQ(remove_stale_temp_files(d.string()), 3u);
@@ -596,44 +589,93 @@ TEST(UnitCliInputs, APathLongerThanPathMaxIsReportedNotDropped) {
   ASSERT_EQ(std::system(("rm -rf " + d.string()).c_str()), 0);
 }
 
-// The MP4 facts the CLI reads itself: the display matrix as players apply it, and picture sizes
-// from H.264 and HEVC sequence parameter sets (cropped: 1080 lines are coded as 1088).
-TEST(UnitCliMp4, DisplayMatricesAndParameterSetSizes) {
-  using namespace sapiens_seg::cli::mp4;
-  auto matrix = [](int a, int b, int c, int d) {
-    std::vector<std::uint8_t> m(36, 0);
-    auto put = [&](int at, std::int32_t v) {
-      const auto u = static_cast<std::uint32_t>(v);
-      m[at] = u >> 24, m[at + 1] = (u >> 16) & 255, m[at + 2] = (u >> 8) & 255, m[at + 3] = u & 255;
-    };
-    put(0, a * 65536), put(4, b * 65536), put(12, c * 65536), put(16, d * 65536);
-    put(32, 1 << 30);
-    return detail::matrix_transform(m.data());
-  };
-  EXPECT_EQ(matrix(1, 0, 0, 1).clockwise_degrees(), 0);
-  EXPECT_EQ(matrix(0, 1, -1, 0).clockwise_degrees(), 90);  // a phone held upright
-  EXPECT_EQ(matrix(-1, 0, 0, -1).clockwise_degrees(), 180);
-  EXPECT_EQ(matrix(0, -1, 1, 0).clockwise_degrees(), 270);
-  EXPECT_TRUE(matrix(-1, 0, 0, 1).mirrored());
-  EXPECT_EQ(matrix(-1, 0, 0, 1).clockwise_degrees(), 0);
-  EXPECT_TRUE(matrix(0, 1, 1, 0).mirrored());
-  const auto h264_hd = from_hex("67640028acd940780227e5c044000003000400000300083c60c658");
-  const auto h264_small = from_hex("6764000aacd94626c044000003000400000300083c489658");
-  const auto hevc_hd = from_hex(
-      "420101016000000300900000030000030078a003c08010e596566924caf01680800000030080000003008400");
-  const auto hevc_small = from_hex(
-      "42010101600000030090000003000003001ea030810596566924caf01680800000030080000003008400");
-  EXPECT_EQ(detail::h264_sps_size(h264_hd.data(), h264_hd.size()), (Size{1920, 1080}));
-  EXPECT_EQ(detail::h264_sps_size(h264_small.data(), h264_small.size()), (Size{96, 64}));
-  EXPECT_EQ(detail::hevc_sps_size(hevc_hd.data(), hevc_hd.size()), (Size{1920, 1080}));
-  EXPECT_EQ(detail::hevc_sps_size(hevc_small.data(), hevc_small.size()), (Size{96, 64}));
-  // Cut short anywhere: no size, no crash.
-  for (std::size_t n = 0; n < h264_hd.size(); ++n) {
-    EXPECT_FALSE(detail::h264_sps_size(h264_hd.data(), n).has_value() && n < 8) << n;
+// The video reader on files ffmpeg makes here: a phone's display matrix turns the picture as
+// players show it, every frame comes out in order at its own size, a healthy file is not called
+// truncated and a cut one is, and what is no video is a clear error, never a crash.
+TEST(UnitCliVideoReader, TurnsFramesAsPlayersShowThemAndTellsCutFilesFromHealthyOnes) {
+  if (std::system("ffmpeg -version >/dev/null 2>&1") != 0) {
+    GTEST_SKIP()
+        << "ffmpeg (Debian's ffmpeg package, installed by tools/setup.sh) makes the videos";
   }
-  for (std::size_t n = 0; n < hevc_hd.size(); ++n) (void)detail::hevc_sps_size(hevc_hd.data(), n);
-  // Not an ISO file, or no file: not ok, no problem claimed.
-  const Info none = read_info("/nonexistent/clip.mp4");
-  EXPECT_FALSE(none.ok);
-  EXPECT_FALSE(none.iso);
+  const fs::path d = fs::temp_directory_path() / ("video_reader_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  const auto make = [&](const std::string& args, const fs::path& out) {
+    const std::string cmd = "ffmpeg -v error -y " + args + " '" + out.string() + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  };
+  const fs::path plain = d / "plain.mp4", turned = d / "turned.mp4", cut = d / "cut.mkv";
+  make("-f lavfi -i testsrc=size=64x48:rate=10 -frames:v 12 -pix_fmt yuv420p -c:v libx264", plain);
+  make("-i '" + plain.string() + "' -c copy -metadata:s:v:0 rotate=90", turned);
+  make("-i '" + plain.string() + "' -c copy", cut);
+  const std::atomic<bool> go{false};
+
+  const auto read_all = [&](const fs::path& p, std::vector<cv::Mat>& pictures) {
+    VideoReader r(p.string(), go);
+    VideoFrame f;
+    while (r.next(f)) {
+      EXPECT_EQ(f.index, static_cast<std::int64_t>(pictures.size()));
+      EXPECT_TRUE(f.decoded);
+      pictures.push_back(r.rgb().clone());
+    }
+    return r.end();
+  };
+  std::vector<cv::Mat> a, b;
+  const VideoEnd ea = read_all(plain, a);
+  EXPECT_EQ(ea.frames, 12);
+  EXPECT_FALSE(ea.truncated) << ea.why;
+  ASSERT_EQ(a.size(), 12u);
+  EXPECT_EQ(a[0].rows, 48);
+  EXPECT_EQ(a[0].cols, 64);
+  {
+    VideoReader r(turned.string(), go);
+    EXPECT_TRUE(r.info().rotation == 90 || r.info().rotation == 270) << r.info().rotation;
+    EXPECT_FALSE(r.info().mirrored);
+  }
+  const VideoEnd eb = read_all(turned, b);
+  EXPECT_FALSE(eb.truncated) << eb.why;
+  ASSERT_EQ(b.size(), a.size());
+  // The same pictures, a quarter turn apart, pixel for pixel (the same decoded frames).
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(b[i].rows, 64);
+    ASSERT_EQ(b[i].cols, 48);
+    cv::Mat back;
+    cv::rotate(b[i], back,
+               VideoReader(turned.string(), go).info().rotation == 90
+                   ? cv::ROTATE_90_COUNTERCLOCKWISE
+                   : cv::ROTATE_90_CLOCKWISE);
+    EXPECT_EQ(cv::norm(back, a[i], cv::NORM_INF), 0.0) << "frame " << i;
+  }
+
+  // Cut: Matroska keeps its duration in the header, so a copy cut in half is truncated.
+  const auto size = fs::file_size(cut);
+  fs::resize_file(cut, size / 2);
+  std::vector<cv::Mat> c;
+  const VideoEnd ec = read_all(cut, c);
+  EXPECT_TRUE(ec.truncated);
+  EXPECT_LT(c.size(), a.size());
+  EXPECT_FALSE(ec.why.empty());
+
+  // Not a video, no file, and a cancelled read.
+  const fs::path junk = d / "junk.mp4";
+  std::ofstream(junk) << std::string(4096, 'x');
+  for (const fs::path& p : {junk, d / "none.mp4"}) {
+    try {
+      VideoReader r(p.string(), go);
+      ADD_FAILURE() << p << " opened";
+    } catch (const sapiens_seg::Error& e) {
+      EXPECT_TRUE(e.code() == ErrorCode::kInvalidInput || e.code() == ErrorCode::kIo) << e.what();
+      EXPECT_NE(std::string(e.what()).find(p.filename().string()), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(count_decodable_frames(junk.string()), -1);
+  EXPECT_EQ(count_decodable_frames(plain.string()), 12);
+  const std::atomic<bool> stop{true};
+  VideoFrame f;
+  try {
+    VideoReader r(plain.string(), stop);
+    EXPECT_FALSE(r.next(f));
+  } catch (const sapiens_seg::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();  // cancelled while opening
+  }
+  fs::remove_all(d);
 }
