@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cmath>
 #include <numbers>
 #include <regex>
@@ -23,6 +24,7 @@ constexpr double kRmsNormEps = 1e-6;       // every RMSNorm of the backbone, q/k
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
 constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
 constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the MLP (bfloat16 and float16 on the CPU)
+constexpr int64_t kMaxFusedHeadDim = 512;  // cpu::aten_f32::kMaxHeadDim
 
 [[noreturn]] void refuse(const std::string& what) {
   throw Error(ErrorCode::kFormatError, "not a Sapiens2 segmentation checkpoint: " + what);
@@ -61,6 +63,10 @@ at::Tensor apply_rope(const at::Tensor& t, const at::Tensor& cos, const at::Tens
 at::Tensor backbone_linear(const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
   return at::linear(t, w, bias);
 }
+
+// SAPIENS_SEG_CPU_FUSE: the float32 network's fused passes (on, the default) or the module's ops
+// one by one (off), read per call.
+bool fused_f32_enabled();
 
 at::Tensor norm_silu(at::Tensor y) {
   y = at::instance_norm(y, {}, {}, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1,
@@ -421,6 +427,15 @@ struct Network::Pass {
   attention::CpuAttentionPath attn_path = attention::CpuAttentionPath::kLibTorch;
   bool own_ops = false;
   at::Tensor mlp_g, mlp_a;
+  // float32 on the CPU, fused (block_f32): the maps every block writes, allocated once per call.
+  // Fresh maps of these sizes come from the kernel page by page (glibc hands blocks over 32 MiB
+  // straight back), and the module's ops made a dozen per block.
+  bool fused_f32 = false;
+  at::Tensor h;        // the norm of the residual stream [B, N, C], the next GEMMs' input
+  at::Tensor x[2];     // the residual stream, alternately (the caller's tokens are only read)
+  at::Tensor q, k, v;  // the projections [M, C] (k and v use their leading M x kv*hd)
+  at::Tensor qr, kr;   // q and k normalised and rotated, [B, heads, N, hd]
+  at::Tensor g, a;     // the SwiGLU projection [M, 2F] and its gate [M, F]
 };
 
 at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
@@ -445,8 +460,97 @@ at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
   // (v2/cpu_ops.hpp), LibTorch's arithmetic in a fraction of its passes, and the MLP in chunks of
   // rows; float32 keeps the module's op sequence.
   pass.own_ops = device_.is_cpu() && dtype_ != at::kFloat;
+  // float32 on the CPU: the same op sequence with its memory-bound passes fused, bit for bit
+  // (v2/cpu_ops.hpp); SAPIENS_SEG_CPU_FUSE=off runs the module's ops one by one (A/B, tests).
+  pass.fused_f32 = device_.is_cpu() && dtype_ == at::kFloat && fused_f32_enabled() &&
+                   first < end && x.is_contiguous() && config_.head_dim <= kMaxFusedHeadDim;
+  if (pass.fused_f32) return blocks_f32(std::move(x), first, end, pass);
   for (size_t i = first; i < end; ++i) x = block(blocks_[i], std::move(x), pass);
   return x;
+}
+
+namespace {
+bool fused_f32_enabled() {
+  const char* env = std::getenv("SAPIENS_SEG_CPU_FUSE");
+  if (env == nullptr || *env == 0 || std::string(env) == "on") return true;
+  if (std::string(env) == "off") return false;
+  throw Error(ErrorCode::kInvalidInput,
+              std::string("SAPIENS_SEG_CPU_FUSE must be 'on' or 'off', got '") + env + "'");
+}
+}  // namespace
+
+at::Tensor Network::blocks_f32(const at::Tensor& x0, size_t first, size_t end, Pass& pass) const {
+  const auto& c = config_;
+  const int64_t B = pass.batch, N = pass.tokens, C = c.embed_dim, M = B * N;
+  int64_t F = 0;
+  for (size_t i = first; i < end; ++i) F = std::max(F, blocks_[i].w3_w.size(1));
+  const auto opt = x0.options();
+  pass.h = at::empty({B, N, C}, opt);
+  for (at::Tensor& t : pass.x) t = at::empty({B, N, C}, opt);
+  pass.q = at::empty({M, C}, opt);
+  pass.k = at::empty({M * C}, opt);
+  pass.v = at::empty({M * C}, opt);
+  pass.qr = at::empty({B, c.heads, N, c.head_dim}, opt);
+  pass.kr = at::empty({B, c.heads, N, c.head_dim}, opt);
+  pass.g = at::empty({M * 2 * F}, opt);
+  pass.a = at::empty({M * F}, opt);
+  rms_norm_f32(pass.h, x0, blocks_[first].ln1_w, kRmsNormEps);
+  at::Tensor x = x0;
+  for (size_t i = first; i < end; ++i) {
+    const at::Tensor next_ln1 = i + 1 < end ? blocks_[i + 1].ln1_w : at::Tensor();
+    x = block_f32(blocks_[i], x, next_ln1, pass);
+  }
+  return x;
+}
+
+// The block of `block` in float32 with its elementwise work fused: on entry pass.h holds
+// rms_norm(x, ln1); on return it holds rms_norm(x', next_ln1) for the returned stream x' (when
+// next_ln1 is defined). Every GEMM and the attention are the calls `block` makes, on maps of the
+// same shapes, strides and alignment, so they round alike; the passes between them are
+// v2/cpu_ops.hpp's, bit for bit the module's ops.
+at::Tensor Network::block_f32(const Block& b, const at::Tensor& x, const at::Tensor& next_ln1,
+                              Pass& pass) const {
+  const auto& c = config_;
+  const int64_t B = pass.batch, N = pass.tokens, C = c.embed_dim, M = B * N, hd = c.head_dim;
+  const int64_t H = c.heads, kv = b.kv_heads, pre = c.prefix_tokens();
+  const int64_t F = b.w3_w.size(1);
+  const at::Tensor h = pass.h.view({M, C});
+  // at::linear on [B, N, C] runs at::addmm(bias, input.view(M, C), weight.t()); addmm_out runs the
+  // same kernel into a buffer of the same shape and strides.
+  auto linear_into = [&](const at::Tensor& out, const at::Tensor& in, const at::Tensor& w,
+                         const at::Tensor& bias) {
+    at::Tensor o = out;
+    at::addmm_out(o, bias, in, w.t());
+    return o;
+  };
+  linear_into(pass.q, h, b.wq_w, b.wq_b);
+  qk_norm_rope_f32(pass.qr, pass.q.view({B, N, C}), H, b.q_norm_w, kRmsNormEps, rope_cos_,
+                   rope_sin_, pre, 1);
+  const at::Tensor kl = linear_into(pass.k.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h,
+                                    b.wk_w, b.wk_b);
+  qk_norm_rope_f32(pass.kr, kl.view({B, N, kv * hd}), kv, b.k_norm_w, kRmsNormEps, rope_cos_,
+                   rope_sin_, pre, H / kv);
+  const at::Tensor vl = linear_into(pass.v.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h,
+                                    b.wv_w, b.wv_b);
+  at::Tensor v = vl.view({B, N, kv, hd}).transpose(1, 2);
+  if (kv != H) v = v.repeat_interleave(H / kv, 1);  // as cpu_attention's LibTorch path expands it
+  const at::Tensor o =
+      at::scaled_dot_product_attention(pass.qr, pass.kr, v).transpose(1, 2).reshape({M, C});
+  // The residual stream alternates between two buffers; the caller's tokens are only read.
+  at::Tensor* xs = pass.x;
+  at::Tensor& x1 = x.data_ptr() == xs[0].data_ptr() ? xs[1] : xs[0];
+  linear_into(x1.view({M, C}), o, b.proj_w, b.proj_b);
+  add_rms_norm_f32(x1, x, x1, b.gamma, b.ln2_w, kRmsNormEps, pass.h);
+  // SwiGLU: w12 (rows [0, F) the gate, [F, 2F) its multiplier), the gate in one pass, w3, and
+  // the residual add with the next block's first norm in one more.
+  const at::Tensor g = linear_into(pass.g.narrow(0, 0, M * 2 * F).view({M, 2 * F}), h, b.w12_w,
+                                   b.w12_b);
+  const at::Tensor a = pass.a.narrow(0, 0, M * F).view({M, F});
+  swiglu_f32(a, g);
+  at::Tensor& x2 = x1.data_ptr() == xs[0].data_ptr() ? xs[1] : xs[0];
+  linear_into(x2.view({M, C}), a, b.w3_w, b.w3_b);
+  add_rms_norm_f32(x2, x1, x2, at::Tensor(), next_ln1, kRmsNormEps, pass.h);
+  return x2;
 }
 
 at::Tensor Network::block(const Block& b, at::Tensor x, Pass& pass) const {
@@ -518,6 +622,11 @@ void Network::add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Ten
 
 at::Tensor Network::final_norm(const at::Tensor& x) const {
   c10::InferenceMode guard;
+  if (device_.is_cpu() && dtype_ == at::kFloat && x.is_contiguous() && fused_f32_enabled()) {
+    at::Tensor y = at::empty_like(x);
+    rms_norm_f32(y, x, ln_w_, kRmsNormEps);
+    return y;
+  }
   return rms_norm(x, ln_w_, device_.is_cpu() && dtype_ != at::kFloat);
 }
 
