@@ -248,7 +248,7 @@ TEST(UnitFusedF32, SwigluIsTheModulesBitForBitAtEveryThreadCount) {
     at::set_num_threads(nt);
     // 0.4b's width; widths with a tail after the pairs of vectors; maps under and over the grain.
     for (const auto& [rows, F] : std::vector<std::pair<int64_t, int64_t>>{
-             {3081, 4096}, {37, 1000}, {57, 320}, {131, 40}, {5, 7}, {1100, 33}, {3, 4096}}) {
+             {3081, 4096}, {37, 1000}, {57, 320}, {131, 40}, {77, 60}, {5, 7}, {1100, 33}, {3, 4096}}) {
       const at::Tensor g3 = activations({1, rows, 2 * F}, 600 + F + rows) * 2;
       const auto halves = g3.chunk(2, -1);
       const at::Tensor want = at::silu(halves[0]).mul(halves[1]).view({rows, F});
