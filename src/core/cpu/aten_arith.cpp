@@ -1,4 +1,4 @@
-#include "aten_f32.hpp"
+#include "aten_arith.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 // Compiled with -ffp-contract=off (CMakeLists.txt): LibTorch's kernels round every product and
 // every sum; a contracted multiply-add would not.
 
-namespace sapiens_seg::core::cpu::aten_f32 {
+namespace sapiens_seg::core::cpu::aten_arith {
 
 const char* to_string(Isa isa) {
   switch (isa) {
@@ -83,16 +83,20 @@ struct V {
   }
   static T round_bf16(const T& a);
   static T load_bf16(const uint16_t* p);
+  static void store_bf16(uint16_t* p, const T& a);
 };
 using VS = V;
 
-#include "aten_f32_kernels.inc"
+#include "aten_arith_kernels.inc"
 
 V::T V::round_bf16(const T& a) {
   return map([&](int64_t i) { return base::round_bf16(a.v[i]); });
 }
 V::T V::load_bf16(const uint16_t* p) {
   return map([&](int64_t i) { return widen_bf16(p[i]); });
+}
+void V::store_bf16(uint16_t* p, const T& a) {
+  for (int64_t i = 0; i < n; ++i) p[i] = bits_bf16(a.v[i]);
 }
 
 }  // namespace base
@@ -139,10 +143,17 @@ struct V {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  static void store_bf16(uint16_t* p, T a) {
+    const __m256i r = _mm256_srli_epi32(_mm256_castps_si256(round_bf16(a)), 16);
+    // The values fit 16 bits; packus works within 128-bit lanes, hence the split.
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  }
 };
 using VS = V;
 
-#include "aten_f32_kernels.inc"
+#include "aten_arith_kernels.inc"
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -180,12 +191,16 @@ struct V {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  static void store_bf16(uint16_t* p, T a) {
+    const __m512i r = _mm512_srli_epi32(_mm512_castps_si512(round_bf16(a)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
 };
 // LibTorch's sum runs its AVX2 kernel in the AVX512 build (measured: its bits are the 8-lane
-// cascade's; tests/cpp/test_fused_f32.cpp).
+// cascade's; tests/cpp/test_fused_passes.cpp).
 using VS = avx2::V;
 
-#include "aten_f32_kernels.inc"
+#include "aten_arith_kernels.inc"
 
 }  // namespace avx512
 #pragma GCC pop_options
@@ -194,16 +209,29 @@ using VS = avx2::V;
 
 #endif  // SAPIENS_SEG_X86
 
-const Kernels& kernels(Isa isa) {
+namespace {
+
+template <class S>
+const Kernels<S>& kernels_of(Isa isa) {
 #ifdef SAPIENS_SEG_X86
   // LibTorch picks its build by the same instructions; a forced one the CPU lacks never gets here
   // (ATEN_CPU_CAPABILITY cannot raise LibTorch's above the CPU's).
-  if (isa == Isa::kAvx512 && host_cpu_features().avx512_core()) return avx512::kernels_here();
-  if (isa == Isa::kAvx2 && host_cpu_features().avx2_fma_f16c()) return avx2::kernels_here();
+  if (isa == Isa::kAvx512 && host_cpu_features().avx512_core()) return avx512::kernels_here<S>();
+  if (isa == Isa::kAvx2 && host_cpu_features().avx2_fma_f16c()) return avx2::kernels_here<S>();
 #else
   (void)isa;
 #endif
-  return base::kernels_here();
+  return base::kernels_here<S>();
 }
 
-}  // namespace sapiens_seg::core::cpu::aten_f32
+}  // namespace
+
+const Kernels<float>& kernels(Isa isa) {
+  return kernels_of<float>(isa);
+}
+
+const Kernels<std::uint16_t>& kernels_bf16(Isa isa) {
+  return kernels_of<std::uint16_t>(isa);
+}
+
+}  // namespace sapiens_seg::core::cpu::aten_arith
