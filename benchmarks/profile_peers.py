@@ -14,8 +14,15 @@ norms (LayerNorm / RMSNorm / InstanceNorm), activations (GELU, SiLU), head convo
 (deconvolutions and 1x1 convolutions), data movement (copies, reshapes, transposes, concat) and
 the rest.
 
+With --onednn-verbose CALLS (default 1), the portable columns run that many more calls under
+oneDNN's verbose log, summed per primitive (kind, implementation, problem) into
+`onednn_primitives`: what the profiler cannot split, such as the transposed convolutions inside
+aten::_convolution's self time, and every reorder. --skip-peers profiles the portable columns
+only (another build's profile beside a run that has the peers).
+
     python benchmarks/profile_peers.py --model FILE.pt2|.safetensors --onnx FILE.onnx \
-        [--calls 3] [--threads N] [--json OUT]
+        [--calls 3] [--threads N] [--dtypes float32,bfloat16] [--onednn-verbose 1] \
+        [--skip-peers] [--json OUT]
 """
 
 from __future__ import annotations
@@ -60,7 +67,30 @@ def example(h: int, w: int) -> np.ndarray:
     return torch.randn(1, 3, h, w, generator=g).numpy()
 
 
-def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str) -> dict:
+def onednn_primitives(log: str, calls: int) -> dict:
+    """oneDNN's verbose lines (ONEDNN_VERBOSE=1) summed per primitive kind, implementation and
+    problem: ms and calls per network call. Its transposed convolutions run inside
+    aten::_convolution without an operator of their own, so the profiler shows them only as that
+    op's self time; and each reorder (a weight or map re-laid out) shows here alone."""
+    by: dict[str, dict] = {}
+    for line in log.splitlines():
+        f = line.split(",")
+        if len(f) < 8 or not line.startswith("onednn_verbose") or f[3] != "exec":
+            continue
+        try:
+            ms = float(f[-1])
+        except ValueError:
+            continue
+        key = f"{f[5]} {f[6]} {f[-2]}"
+        e = by.setdefault(key, {"calls": 0, "ms": 0.0})
+        e["calls"] += 1
+        e["ms"] += ms
+    return {k: {"calls": v["calls"] / calls, "ms": v["ms"] / calls}
+            for k, v in sorted(by.items(), key=lambda kv: -kv[1]["ms"])}
+
+
+def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
+                     verbose_calls: int = 0) -> tuple[dict, dict]:
     import sapiens_seg  # noqa: PLC0415
     from sapiens_seg import segmentation  # noqa: PLC0415
 
@@ -78,8 +108,28 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str) -> dict:
     for e in prof.key_averages():
         if e.key.startswith("aten::") or e.key.startswith("mkldnn"):
             by[e.key] += e.self_cpu_time_total / 1e3 / calls
+    primitives: dict = {}
+    if verbose_calls:
+        # oneDNN prints its verbose lines on the process's stdout (file descriptor 1): caught in a
+        # file for these calls only.
+        import tempfile  # noqa: PLC0415
+
+        sys.stdout.flush()
+        with tempfile.TemporaryFile(mode="w+") as cap:
+            saved = os.dup(1)
+            os.dup2(cap.fileno(), 1)
+            try:
+                with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                    for _ in range(verbose_calls):
+                        m(img)
+            finally:
+                sys.stdout.flush()
+                os.dup2(saved, 1)
+                os.close(saved)
+            cap.seek(0)
+            primitives = onednn_primitives(cap.read(), verbose_calls)
     del sapiens_seg
-    return dict(by)
+    return dict(by), primitives
 
 
 def profile_ort(onnx: str, x: np.ndarray, calls: int, threads: int, tmp: str) -> dict:
@@ -138,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--dtypes", default="float32", help="portable dtypes to profile")
+    ap.add_argument("--onednn-verbose", type=int, default=1, metavar="CALLS",
+                    help="portable calls run once more with oneDNN's verbose log, summed per "
+                         "primitive into `onednn_primitives` (0: none)")
+    ap.add_argument("--skip-peers", action="store_true",
+                    help="the portable columns only (a second build's profile beside a run that "
+                         "has the peers)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.threads:
@@ -152,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile  # noqa: PLC0415
 
     from cpu_dtype_probe import cpu_info  # noqa: PLC0415  (this folder's probe)
+    from machine_facts import machine_facts  # noqa: PLC0415
     import onnxruntime  # noqa: PLC0415
     import openvino  # noqa: PLC0415
 
@@ -162,13 +219,21 @@ def main(argv: list[str] | None = None) -> int:
                                  "openvino": openvino.__version__},
                     "command": " ".join(["profile_peers.py"] + sys.argv[1:])},
            "ms_per_call": {}}
+    out["meta"]["machine"] = machine_facts()
+    out["meta"]["loadavg_before"] = list(os.getloadavg())
+    prims = {}
     with tempfile.TemporaryDirectory() as tmp:
         for dt in args.dtypes.split(","):
-            out["ms_per_call"][f"portable {dt}"] = profile_portable(args.model, x, args.calls, dt)
-        out["ms_per_call"]["onnxruntime"] = profile_ort(args.onnx, x, args.calls, threads, tmp)
-        out["ms_per_call"]["openvino f32"] = profile_ov(args.onnx, x, args.calls, threads, "f32")
-        out["ms_per_call"]["openvino default"] = profile_ov(args.onnx, x, args.calls, threads,
-                                                            None)
+            out["ms_per_call"][f"portable {dt}"], prims[f"portable {dt}"] = profile_portable(
+                args.model, x, args.calls, dt, args.onednn_verbose)
+        if not args.skip_peers:
+            out["ms_per_call"]["onnxruntime"] = profile_ort(args.onnx, x, args.calls, threads,
+                                                            tmp)
+            out["ms_per_call"]["openvino f32"] = profile_ov(args.onnx, x, args.calls, threads,
+                                                            "f32")
+            out["ms_per_call"]["openvino default"] = profile_ov(args.onnx, x, args.calls,
+                                                                threads, None)
+    out["meta"]["loadavg_after"] = list(os.getloadavg())
     # Per op name -> per kind.
     out["by_op"] = out.pop("ms_per_call")
     out["ms_per_call"] = {}
@@ -187,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             v = sum(d.values()) if k == "total" else d.get(k, 0.0)
             cells.append(f"{v:.0f}")
         print(f"| {k} | " + " | ".join(cells) + " |")
+    if any(prims.values()):
+        out["onednn_primitives"] = {k: v for k, v in prims.items() if v}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=2)

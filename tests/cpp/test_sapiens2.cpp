@@ -336,7 +336,8 @@ TEST(ParitySapiens2, Float32BackboneKeepsTheModulesGemms) {
                     dir.filename().c_str(), core::cpu::to_string(p), d, kCpuFp32Bar);
         EXPECT_LE(d, kCpuFp32Bar) << dir;
         EXPECT_EQ(test::count_of(ops, "mkldnn::_linear_pointwise"), 0) << dir;
-        EXPECT_GE(test::count_of(ops, "aten::linear"), 6 * cfg.depth) << dir;
+        // MKL's addmm: at::linear's GEMM, which the fused float32 blocks call into their buffers.
+        EXPECT_GE(test::count_of(ops, "aten::addmm"), 6 * cfg.depth) << dir;
       }
     });
   }

@@ -168,17 +168,17 @@ at::Tensor deconv_onednn(at::Tensor act, const ChannelStats& stats, const at::Te
 }
 
 // out = silu(norm(x)) W + b for one tile of pixels (1x1 convolution), `tile` as scratch; `out`
-// may be `x` itself. `w` is [in, out] on the GEMM path, the stored [out, in, 1, 1] on oneDNN's.
-void conv1x1_tile(CpuHeadPath path, const at::Tensor& out, const at::Tensor& x,
+// may be `x` itself. `w` is [in, out]. Both paths run these on LibTorch's BLAS: through oneDNN,
+// each tile's at::conv2d reordered the 16 KB weight again and copied its output back, which on an
+// AMX Xeon (2 cores) took more than the convolution itself (oneDNN's verbose log of one Sapiens2
+// 0.4b call: 288 weight reorders of 64 x 64 and 29 x 64 weights, 0.6 s against 0.84 s of 1x1
+// convolutions, on a busy machine; the GEMMs 0.3 ms a tile against 1.1 ms).
+void conv1x1_tile(const at::Tensor& out, const at::Tensor& x,
                   const std::pair<at::Tensor, at::Tensor>& affine, const at::Tensor& w,
                   const at::Tensor& b, const at::Tensor& tile) {
   norm_silu_into(tile, x, affine);
-  if (path == CpuHeadPath::kGemm) {
-    at::Tensor o = out;
-    at::addmm_out(o, b, tile, w);
-  } else {
-    out.copy_(as_matrix(at::conv2d(as_channels_last(tile, 1, tile.size(0)), w, b)));
-  }
+  at::Tensor o = out;
+  at::addmm_out(o, b, tile, w);
 }
 
 }  // namespace
@@ -224,9 +224,8 @@ CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path) : path_(path) {
     // with the transposed ([out, in]) layout. [in, out, ky, kx] becomes [ky, kx, in, out].
     deconv_.push_back(gemm ? d.permute({2, 3, 0, 1}).contiguous() : d.contiguous());
   }
-  auto matrix = [&](const at::Tensor& c) {
-    return gemm ? c.view({c.size(0), -1}).t().contiguous() : c.contiguous();
-  };
+  // The 1x1 convolutions run as GEMMs on both paths (conv1x1_tile).
+  auto matrix = [&](const at::Tensor& c) { return c.view({c.size(0), -1}).t().contiguous(); };
   for (size_t s = 0; s < w.conv_w.size(); ++s) {
     conv_w_.push_back(matrix(w.conv_w[s]));
     conv_b_.push_back(w.conv_b[s].contiguous());
@@ -266,7 +265,7 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
       for (int64_t r = 0; r < P; r += kTileRows) {
         const int64_t n = std::min(kTileRows, P - r);
         const at::Tensor rows = out.narrow(0, r, n);
-        conv1x1_tile(path_, rows, act.narrow(0, r, n), affine, conv_w_[s], conv_b_[s],
+        conv1x1_tile(rows, act.narrow(0, r, n), affine, conv_w_[s], conv_b_[s],
                      tile.narrow(0, 0, n));
         next.add(rows, n, n, 0);
       }
@@ -278,7 +277,7 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
     const at::Tensor tile = at::empty({std::min(kTileRows, P), act.size(1)}, act.options());
     for (int64_t r = 0; r < P; r += kTileRows) {
       const int64_t n = std::min(kTileRows, P - r);
-      conv1x1_tile(path_, out.narrow(0, r, n), act.narrow(0, r, n), affine, seg_w_, seg_b_,
+      conv1x1_tile(out.narrow(0, r, n), act.narrow(0, r, n), affine, seg_w_, seg_b_,
                    tile.narrow(0, 0, n));
     }
     logits[b].copy_(out.view({H, W, K}).permute({2, 0, 1}));

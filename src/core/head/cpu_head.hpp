@@ -10,8 +10,8 @@
 //  - InstanceNorm + SiLU is never a pass of its own: the statistics are gathered as the producing
 //    layer's output lands (tile by tile on the GEMM path), and normalise + SiLU is applied when
 //    the next layer reads its input;
-//  - the 1x1 convolutions work pixel by pixel, so one as wide as its input overwrites it tile by
-//    tile: v1's three 768-channel maps at 512x384 share one buffer.
+//  - the 1x1 convolutions are GEMMs on both paths and work pixel by pixel, so one as wide as its
+//    input overwrites it tile by tile: v1's three 768-channel maps at 512x384 share one buffer.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,8 @@ namespace sapiens_seg::core::head {
 
 enum class CpuHeadPath {
   kGemm,    // deconvolutions as sub-pixel GEMMs, 1x1 convolutions as GEMMs (MKL for float32)
-  kOnednn,  // oneDNN's convolutions on channels-last maps (LibTorch's mkldnn_convolution)
+  kOnednn,  // oneDNN's deconvolutions on channels-last maps (LibTorch's conv_transpose2d), the
+            // 1x1 convolutions as GEMMs as on kGemm
 };
 const char* to_string(CpuHeadPath path);
 
@@ -66,8 +67,8 @@ class CpuHead {
 
  private:
   CpuHeadPath path_ = CpuHeadPath::kGemm;
-  // kGemm: deconv_ [ky, kx, in, out] (one matrix per kernel tap), conv_w_ and seg_w_ [in, out];
-  // kOnednn: as stored.
+  // deconv_: kGemm [ky, kx, in, out] (one matrix per kernel tap), kOnednn as stored; conv_w_ and
+  // seg_w_ [in, out] on both.
   std::vector<at::Tensor> deconv_, conv_w_, conv_b_;
   at::Tensor seg_w_, seg_b_;
 };

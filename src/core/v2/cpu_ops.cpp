@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "../cpu/aten_arith.hpp"
 #include "../cpu/vec.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -204,6 +207,228 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& w, double eps, Ve
     run<c10::Half>(xc, w, y, eps, isa);
   }
   return y;
+}
+
+// ---- float32 and bf16, fused with LibTorch's roundings ------------------------------------------
+
+namespace {
+
+namespace arith = cpu::aten_arith;
+
+// A contiguous CPU map of the fused passes' dtype (float32 or bf16), all operands alike.
+void need_map(const at::Tensor& t, at::ScalarType dtype, const char* what, const char* fn) {
+  if (!t.device().is_cpu() || t.scalar_type() != dtype || !t.is_contiguous()) {
+    throw Error(ErrorCode::kInvalidInput,
+                std::string(fn) + ": " + what + " must be a contiguous CPU tensor of the map's " +
+                    "dtype (float32 or bfloat16)");
+  }
+}
+
+at::ScalarType map_dtype(const at::Tensor& t, const char* fn) {
+  if (!t.defined() || (t.scalar_type() != at::kFloat && t.scalar_type() != at::kBFloat16)) {
+    throw Error(ErrorCode::kInvalidInput, std::string(fn) + ": float32 or bfloat16 maps only");
+  }
+  return t.scalar_type();
+}
+
+void need_same_shape(const at::Tensor& a, const at::Tensor& b, const char* what, const char* fn) {
+  if (a.sizes() != b.sizes()) {
+    throw Error(ErrorCode::kInvalidInput, std::string(fn) + ": " + what + " differ in shape");
+  }
+}
+
+// Rows of D per task: whole rows, a few thousand elements at least.
+int64_t row_grain(int64_t D) {
+  return std::max<int64_t>(1, 4096 / std::max<int64_t>(D, 1));
+}
+
+// The element type the kernels take for a map: float, or bf16 as raw bits.
+template <class S>
+const S* cptr(const at::Tensor& t) {
+  return t.defined() ? static_cast<const S*>(t.const_data_ptr()) : nullptr;
+}
+template <class S>
+S* mptr(const at::Tensor& t) {
+  return t.defined() ? static_cast<S*>(t.data_ptr()) : nullptr;
+}
+
+template <class S>
+const arith::Kernels<S>& kernels_for();
+template <>
+const arith::Kernels<float>& kernels_for<float>() {
+  return arith::kernels(arith::libtorch_isa());
+}
+template <>
+const arith::Kernels<std::uint16_t>& kernels_for<std::uint16_t>() {
+  return arith::kernels_bf16(arith::libtorch_isa());
+}
+
+template <class F>
+void by_dtype(at::ScalarType t, const F& f) {
+  if (t == at::kFloat) {
+    f(float{});
+  } else {
+    f(std::uint16_t{});
+  }
+}
+
+}  // namespace
+
+void fused_rms_norm(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, double eps) {
+  const char* fn = "fused_rms_norm";
+  const at::ScalarType t = map_dtype(x, fn);
+  need_map(x, t, "x", fn);
+  need_map(y, t, "y", fn);
+  need_map(w, t, "the weight", fn);
+  need_same_shape(x, y, "x and y", fn);
+  const int64_t D = x.dim() > 0 ? x.size(-1) : 1, rows = D > 0 ? x.numel() / D : 0;
+  if (w.numel() != D) throw Error(ErrorCode::kInvalidInput, "fused_rms_norm: weight of the wrong size");
+  const auto e = static_cast<float>(eps);  // rms_norm takes eps as a float for these dtypes
+  by_dtype(t, [&](auto tag) {
+    using S = decltype(tag);
+    const arith::Kernels<S>& k = kernels_for<S>();
+    const S* xp = cptr<S>(x);
+    const S* wp = cptr<S>(w);
+    S* yp = mptr<S>(y);
+    at::parallel_for(0, rows, row_grain(D), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) k.rms_norm(xp + r * D, wp, e, yp + r * D, D);
+    });
+  });
+}
+
+void fused_add_rms_norm(const at::Tensor& z, const at::Tensor& x, const at::Tensor& p,
+                        const at::Tensor& gamma, const at::Tensor& w, double eps,
+                        const at::Tensor& h) {
+  const char* fn = "fused_add_rms_norm";
+  const at::ScalarType t = map_dtype(z, fn);
+  need_map(z, t, "z", fn);
+  need_map(x, t, "x", fn);
+  need_map(p, t, "p", fn);
+  need_same_shape(z, x, "z and x", fn);
+  need_same_shape(z, p, "z and p", fn);
+  const int64_t D = z.dim() > 0 ? z.size(-1) : 1, rows = D > 0 ? z.numel() / D : 0;
+  if (gamma.defined()) {
+    need_map(gamma, t, "gamma", fn);
+    if (gamma.numel() != D) {
+      throw Error(ErrorCode::kInvalidInput, "fused_add_rms_norm: gamma of the wrong size");
+    }
+  }
+  if (w.defined()) {
+    need_map(w, t, "the weight", fn);
+    need_map(h, t, "h", fn);
+    need_same_shape(z, h, "z and h", fn);
+    if (w.numel() != D) {
+      throw Error(ErrorCode::kInvalidInput, "fused_add_rms_norm: weight of the wrong size");
+    }
+    if (h.data_ptr() == z.data_ptr() || h.data_ptr() == x.data_ptr() ||
+        h.data_ptr() == p.data_ptr()) {
+      throw Error(ErrorCode::kInvalidInput, "fused_add_rms_norm: h must not alias z, x or p");
+    }
+  }
+  const auto e = static_cast<float>(eps);
+  by_dtype(t, [&](auto tag) {
+    using S = decltype(tag);
+    const arith::Kernels<S>& k = kernels_for<S>();
+    const S *xp = cptr<S>(x), *pp = cptr<S>(p), *gp = cptr<S>(gamma);
+    const S* wp = w.defined() ? cptr<S>(w) : nullptr;
+    S* zp = mptr<S>(z);
+    S* hp = w.defined() ? mptr<S>(h) : nullptr;
+    at::parallel_for(0, rows, row_grain(D), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        k.add_rms_norm(xp + r * D, pp + r * D, gp, zp + r * D, wp, e, hp ? hp + r * D : nullptr,
+                       D);
+      }
+    });
+  });
+}
+
+void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t heads,
+                        const at::Tensor& w, double eps, const at::Tensor& cos,
+                        const at::Tensor& sin, int64_t pre, int64_t repeat) {
+  const char* fn = "fused_qk_norm_rope";
+  const at::ScalarType dt = map_dtype(proj, fn);
+  need_map(out, dt, "out", fn);
+  need_map(proj, dt, "the projection", fn);
+  need_map(w, dt, "the weight", fn);
+  if (proj.dim() != 3 || heads <= 0 || repeat <= 0 || proj.size(2) % heads != 0) {
+    throw Error(ErrorCode::kInvalidInput,
+                "fused_qk_norm_rope: the projection must be [B, N, heads * hd]");
+  }
+  const int64_t B = proj.size(0), N = proj.size(1), hd = proj.size(2) / heads;
+  if (hd > arith::kMaxHeadDim || hd % 2 != 0 || w.numel() != hd) {
+    throw Error(ErrorCode::kInvalidInput, "fused_qk_norm_rope: head dim must be even, at most " +
+                                              std::to_string(arith::kMaxHeadDim) +
+                                              ", as the weight");
+  }
+  if (out.sizes() != at::IntArrayRef({B, heads * repeat, N, hd})) {
+    throw Error(ErrorCode::kInvalidInput,
+                "fused_qk_norm_rope: out must be [B, heads * repeat, N, hd]");
+  }
+  if (pre < 0 || pre > N || !cos.device().is_cpu() || cos.scalar_type() != at::kBFloat16 ||
+      !cos.is_contiguous() || cos.sizes() != at::IntArrayRef({N - pre, hd}) ||
+      !sin.device().is_cpu() || sin.scalar_type() != at::kBFloat16 || !sin.is_contiguous() ||
+      sin.sizes() != cos.sizes()) {
+    throw Error(ErrorCode::kInvalidInput,
+                "fused_qk_norm_rope: cos and sin must be contiguous bf16 CPU tables [N - pre, hd]");
+  }
+  const auto* cp = reinterpret_cast<const std::uint16_t*>(cos.const_data_ptr<at::BFloat16>());
+  const auto* sp = reinterpret_cast<const std::uint16_t*>(sin.const_data_ptr<at::BFloat16>());
+  const auto e = static_cast<float>(eps);
+  const int64_t C = heads * hd, H = heads * repeat;
+  by_dtype(dt, [&](auto tag) {
+    using S = decltype(tag);
+    const arith::Kernels<S>& k = kernels_for<S>();
+    const S* xp = cptr<S>(proj);
+    const S* wp = cptr<S>(w);
+    S* op = mptr<S>(out);
+    // One token's heads per step.
+    at::parallel_for(0, B * N, std::max<int64_t>(1, 4096 / C), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / N, n = t % N;
+        const bool rotated = n >= pre;
+        const std::uint16_t* c = rotated ? cp + (n - pre) * hd : nullptr;
+        const std::uint16_t* s = rotated ? sp + (n - pre) * hd : nullptr;
+        for (int64_t j = 0; j < heads; ++j) {
+          S* first = op + ((b * H + j * repeat) * N + n) * hd;
+          k.qk_norm_rope(xp + t * C + j * hd, wp, e, c, s, first, hd);
+          for (int64_t r = 1; r < repeat; ++r) {
+            std::memcpy(first + r * N * hd, first, static_cast<size_t>(hd) * sizeof(S));
+          }
+        }
+      }
+    });
+  });
+}
+
+void fused_swiglu(const at::Tensor& out, const at::Tensor& g) {
+  const char* fn = "fused_swiglu";
+  const at::ScalarType t = map_dtype(g, fn);
+  need_map(out, t, "out", fn);
+  need_map(g, t, "g", fn);
+  if (g.dim() != 2 || g.size(1) % 2 != 0 || out.dim() != 2 || out.size(0) != g.size(0) ||
+      out.size(1) * 2 != g.size(1)) {
+    throw Error(ErrorCode::kInvalidInput, "fused_swiglu: g must be [rows, 2F] and out [rows, F]");
+  }
+  const int64_t rows = g.size(0), F = out.size(1);
+  by_dtype(t, [&](auto tag) {
+    using S = decltype(tag);
+    const arith::Kernels<S>& k = kernels_for<S>();
+    const S* gp = cptr<S>(g);
+    S* op = mptr<S>(out);
+    // LibTorch's silu on the strided half g[:, :F] iterates [rows, F] in 2-D and its
+    // TensorIterator hands each thread a range of the rows * F elements (at::parallel_for with
+    // its grain): a range may start and end inside a row, and each row piece is one run of its
+    // vectorized loop.
+    at::parallel_for(0, rows * F, arith::kGrain, [&](int64_t begin, int64_t end) {
+      int64_t pos = begin;
+      while (pos < end) {
+        const int64_t r = pos / F, c = pos % F, n = std::min(F - c, end - pos);
+        const S* a = gp + r * 2 * F + c;
+        k.silu_mul(a, a + F, op + r * F + c, n);
+        pos += n;
+      }
+    });
+  });
 }
 
 }  // namespace sapiens_seg::core::v2

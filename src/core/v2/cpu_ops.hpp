@@ -34,4 +34,43 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& w, double eps,
 // tensor, the product) over maps of 25 MB per block at 1024x768; this is one.
 void swiglu_cpu(const at::Tensor& out, const at::Tensor& g, VecIsa isa = VecIsa::kAuto);
 
+// ---- float32 and bf16: the module's op sequences fused, bit for bit -----------------------------
+//
+// The float32 network must keep the authors' module's roundings exactly: its bf16 RoPE turns any
+// float32 ulp of difference into whole bf16 steps a few blocks later. Each pass below replaces a
+// sequence of LibTorch ops with one pass over the map that computes the same roundings in the
+// same order, in LibTorch's own build for this process (cpu/aten_arith.hpp says what that takes),
+// and is held to that sequence bit for bit by tests/cpp/test_fused_passes.cpp. Maps are CPU float32
+// or bfloat16 (each op of a bf16 sequence computed in float32 and rounded to bf16, as LibTorch's
+// bf16 kernels do), contiguous; every operand, weights included, in the map's dtype.
+
+// at::rms_norm(x, {D}, w, eps) into y: x and y [..., D], the same shape; y may be x. Replaces
+// pow, sum, div_, add_, rsqrt, two mul passes (and for bf16 the widening and narrowing copies).
+void fused_rms_norm(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, double eps);
+
+// z = x + p.mul(gamma) (x + p where gamma is undefined), then, where w is defined, h =
+// at::rms_norm(z, {D}, w, eps): the residual add of a block and the next block's (or branch's)
+// norm in one pass. x, p, z, h [..., D], the same shape; z may be x or p, h neither.
+void fused_add_rms_norm(const at::Tensor& z, const at::Tensor& x, const at::Tensor& p,
+                        const at::Tensor& gamma, const at::Tensor& w, double eps,
+                        const at::Tensor& h);
+
+// Sapiens2's q or k from its projection proj [B, N, heads * hd] (rows contiguous): per head
+// at::rms_norm over hd (w [hd]), then, as the module's RoPE does, the map rounded to bf16,
+// t * cos + rotate_half(t) * sin in bf16 on the tokens from `pre` on (cos, sin: bf16 [N - pre,
+// hd]), and back to the map's dtype; written into out [B, heads * repeat, N, hd], each head
+// `repeat` times in a row (repeat_interleave over the heads, as grouped-query attention expands
+// k). Replaces about a dozen passes and copies.
+void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t heads,
+                        const at::Tensor& w, double eps, const at::Tensor& cos,
+                        const at::Tensor& sin, int64_t pre, int64_t repeat);
+
+// at::silu(g[:, :F]).mul(g[:, F:]) into out [rows, F] (may be a view of a larger buffer's leading
+// rows) from g [rows, 2F]: one pass where LibTorch made two over a fresh map. LibTorch's SiLU
+// takes SLEEF's exp in whole pairs of vectors and std::exp elsewhere, and which elements are
+// "elsewhere" depends on how its TensorIterator splits the map between threads; this splits it
+// the same way (at::parallel_for over the elements, the grain of TensorIterator), so the bits
+// also match at every thread count.
+void fused_swiglu(const at::Tensor& out, const at::Tensor& g);
+
 }  // namespace sapiens_seg::core::v2

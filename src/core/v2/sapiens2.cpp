@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <cmath>
 #include <numbers>
 #include <regex>
@@ -23,6 +24,7 @@ constexpr double kRmsNormEps = 1e-6;       // every RMSNorm of the backbone, q/k
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
 constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
 constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the MLP (bfloat16 and float16 on the CPU)
+constexpr int64_t kMaxFusedHeadDim = 512;  // cpu::aten_arith::kMaxHeadDim
 
 [[noreturn]] void refuse(const std::string& what) {
   throw Error(ErrorCode::kFormatError, "not a Sapiens2 segmentation checkpoint: " + what);
@@ -38,7 +40,7 @@ std::string block_key(int64_t i, const char* rest) {
   return "backbone.blocks." + std::to_string(i) + "." + rest;
 }
 
-// own_ops (bfloat16 and float16 on the CPU): the library's one-pass RMSNorm; else LibTorch's.
+// own_ops (float16 on the CPU): the library's one-pass RMSNorm; else LibTorch's.
 at::Tensor rms_norm(const at::Tensor& t, const at::Tensor& w, bool own_ops) {
   return own_ops ? rms_norm_cpu(t, w, kRmsNormEps) : at::rms_norm(t, {t.size(-1)}, w, kRmsNormEps);
 }
@@ -61,6 +63,10 @@ at::Tensor apply_rope(const at::Tensor& t, const at::Tensor& cos, const at::Tens
 at::Tensor backbone_linear(const at::Tensor& t, const at::Tensor& w, const at::Tensor& bias) {
   return at::linear(t, w, bias);
 }
+
+// SAPIENS_SEG_CPU_FUSE: the CPU network's fused passes (on, the default) or the module's ops one
+// by one (off), read per call.
+bool fused_enabled();
 
 at::Tensor norm_silu(at::Tensor y) {
   y = at::instance_norm(y, {}, {}, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1,
@@ -421,6 +427,15 @@ struct Network::Pass {
   attention::CpuAttentionPath attn_path = attention::CpuAttentionPath::kLibTorch;
   bool own_ops = false;
   at::Tensor mlp_g, mlp_a;
+  // float32 and bfloat16 on the CPU, fused (block_fused): the maps every block writes, allocated
+  // once per call. Fresh maps of these sizes come from the kernel page by page (glibc hands blocks
+  // over 32 MiB straight back), and the module's ops made a dozen per block.
+  bool fused = false;
+  at::Tensor h;        // the norm of the residual stream [B, N, C], the next GEMMs' input
+  at::Tensor x[2];     // the residual stream, alternately (the caller's tokens are only read)
+  at::Tensor q, k, v;  // the projections [M, C] (k and v use their leading M x kv*hd)
+  at::Tensor qr, kr;   // q and k normalised and rotated, [B, heads, N, hd] (kr: its leading part)
+  at::Tensor g, a, r;  // the MLP's maps: float32 [M, 2F] and [M, F]; bfloat16 row chunks
 };
 
 at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
@@ -441,12 +456,134 @@ at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
   if (device_.is_cpu() && x.scalar_type() != at::kFloat) {
     pass.attn_path = attention::cpu_attention_path(x.scalar_type(), config_.head_dim);
   }
-  // bfloat16 and float16 on the CPU: the library's one-pass RMSNorm and SwiGLU gate
-  // (v2/cpu_ops.hpp), LibTorch's arithmetic in a fraction of its passes, and the MLP in chunks of
-  // rows; float32 keeps the module's op sequence.
-  pass.own_ops = device_.is_cpu() && dtype_ != at::kFloat;
+  // float32 and bfloat16 on the CPU: the module's op sequence with its memory-bound passes fused,
+  // bit for bit (v2/cpu_ops.hpp); SAPIENS_SEG_CPU_FUSE=off runs the module's ops one by one (A/B,
+  // tests). float16: the library's one-pass RMSNorm and SwiGLU gate (close to LibTorch's, not to
+  // the bit).
+  pass.fused = device_.is_cpu() && (dtype_ == at::kFloat || dtype_ == at::kBFloat16) &&
+               fused_enabled() && first < end && x.is_contiguous() &&
+               config_.head_dim <= kMaxFusedHeadDim;
+  if (pass.fused) return blocks_fused(x, first, end, pass);
+  pass.own_ops = device_.is_cpu() && dtype_ == at::kHalf;
   for (size_t i = first; i < end; ++i) x = block(blocks_[i], std::move(x), pass);
   return x;
+}
+
+namespace {
+bool fused_enabled() {
+  const char* env = std::getenv("SAPIENS_SEG_CPU_FUSE");
+  if (env == nullptr || *env == 0 || std::string(env) == "on") return true;
+  if (std::string(env) == "off") return false;
+  throw Error(ErrorCode::kInvalidInput,
+              std::string("SAPIENS_SEG_CPU_FUSE must be 'on' or 'off', got '") + env + "'");
+}
+}  // namespace
+
+at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end,
+                                 Pass& pass) const {
+  const auto& c = config_;
+  const int64_t B = pass.batch, N = pass.tokens, C = c.embed_dim, M = B * N;
+  int64_t F = 0;
+  for (size_t i = first; i < end; ++i) F = std::max(F, blocks_[i].w3_w.size(1));
+  const auto opt = x0.options();
+  pass.h = at::empty({B, N, C}, opt);
+  for (at::Tensor& t : pass.x) t = at::empty({B, N, C}, opt);
+  pass.q = at::empty({M, C}, opt);
+  pass.k = at::empty({M * C}, opt);
+  pass.v = at::empty({M * C}, opt);
+  pass.qr = at::empty({B, c.heads, N, c.head_dim}, opt);
+  pass.kr = at::empty({B * c.heads * N * c.head_dim}, opt);
+  // float32: the MLP over all rows at once, the module's GEMM shapes (their roundings depend on
+  // them); bfloat16: kMlpRows rows at a time, so that each chunk's [rows, 2F] map stays in cache
+  // between its GEMMs and the gate.
+  const int64_t mlp_rows = dtype_ == at::kFloat ? M : std::min(kMlpRows, M);
+  pass.g = at::empty({mlp_rows * 2 * F}, opt);
+  pass.a = at::empty({mlp_rows * F}, opt);
+  if (dtype_ != at::kFloat) pass.r = at::empty({mlp_rows, C}, opt);
+  fused_rms_norm(pass.h, x0, blocks_[first].ln1_w, kRmsNormEps);
+  at::Tensor x = x0;
+  for (size_t i = first; i < end; ++i) {
+    const at::Tensor next_ln1 = i + 1 < end ? blocks_[i + 1].ln1_w : at::Tensor();
+    x = block_fused(blocks_[i], x, next_ln1, pass);
+  }
+  return x;
+}
+
+// The block of `block` with its elementwise work fused: on entry pass.h holds rms_norm(x, ln1);
+// on return it holds rms_norm(x', next_ln1) for the returned stream x' (when next_ln1 is defined).
+// Every GEMM and the attention are the calls `block` makes, on maps of the same shapes, strides
+// and alignment, so they round alike; the passes between them are v2/cpu_ops.hpp's, bit for bit
+// the module's ops.
+at::Tensor Network::block_fused(const Block& b, const at::Tensor& x, const at::Tensor& next_ln1,
+                                Pass& pass) const {
+  const auto& c = config_;
+  const int64_t B = pass.batch, N = pass.tokens, C = c.embed_dim, M = B * N, hd = c.head_dim;
+  const int64_t H = c.heads, kv = b.kv_heads, pre = c.prefix_tokens();
+  const int64_t F = b.w3_w.size(1);
+  const bool f32 = dtype_ == at::kFloat;
+  const at::Tensor h = pass.h.view({M, C});
+  // at::linear on [B, N, C] runs at::addmm(bias, input.view(M, C), weight.t()); addmm_out runs the
+  // same kernel into a buffer of the same shape and strides.
+  auto linear_into = [&](const at::Tensor& out, const at::Tensor& in, const at::Tensor& w,
+                         const at::Tensor& bias) {
+    at::Tensor o = out;
+    at::addmm_out(o, bias, in, w.t());
+    return o;
+  };
+  linear_into(pass.q, h, b.wq_w, b.wq_b);
+  fused_qk_norm_rope(pass.qr, pass.q.view({B, N, C}), H, b.q_norm_w, kRmsNormEps, rope_cos_,
+                     rope_sin_, pre, 1);
+  // float32 expands k to the query heads here (repeat_interleave, as the LibTorch attention path
+  // does); bfloat16 leaves the grouping to cpu_attention, whose kernel takes it as it is.
+  const int64_t rep = f32 ? H / kv : 1;
+  const at::Tensor k = pass.kr.narrow(0, 0, B * kv * rep * N * hd).view({B, kv * rep, N, hd});
+  const at::Tensor kl = linear_into(pass.k.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h,
+                                    b.wk_w, b.wk_b);
+  fused_qk_norm_rope(k, kl.view({B, N, kv * hd}), kv, b.k_norm_w, kRmsNormEps, rope_cos_,
+                     rope_sin_, pre, rep);
+  const at::Tensor vl = linear_into(pass.v.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h,
+                                    b.wv_w, b.wv_b);
+  at::Tensor v = vl.view({B, N, kv, hd}).transpose(1, 2);
+  at::Tensor o;
+  if (f32) {
+    if (kv != H) v = v.repeat_interleave(H / kv, 1);  // as cpu_attention's LibTorch path does
+    o = at::scaled_dot_product_attention(pass.qr, k, v).transpose(1, 2).reshape({M, C});
+  } else {
+    o = attention::cpu_attention(pass.qr, k, v, pass.attn_path).view({M, C});
+  }
+  // The residual stream alternates between two buffers; the caller's tokens are only read.
+  at::Tensor* xs = pass.x;
+  at::Tensor& x1 = x.data_ptr() == xs[0].data_ptr() ? xs[1] : xs[0];
+  linear_into(x1.view({M, C}), o, b.proj_w, b.proj_b);
+  fused_add_rms_norm(x1, x, x1, b.gamma, b.ln2_w, kRmsNormEps, pass.h);
+  // SwiGLU: w12 (rows [0, F) the gate, [F, 2F) its multiplier), the gate in one pass, w3, and
+  // the residual add with the next block's first norm in one more.
+  if (f32) {
+    const at::Tensor g = linear_into(pass.g.narrow(0, 0, M * 2 * F).view({M, 2 * F}), h,
+                                     b.w12_w, b.w12_b);
+    const at::Tensor a = pass.a.narrow(0, 0, M * F).view({M, F});
+    fused_swiglu(a, g);
+    at::Tensor& x2 = x1.data_ptr() == xs[0].data_ptr() ? xs[1] : xs[0];
+    linear_into(x2.view({M, C}), a, b.w3_w, b.w3_b);
+    fused_add_rms_norm(x2, x1, x2, at::Tensor(), next_ln1, kRmsNormEps, pass.h);
+    return x2;
+  }
+  // bfloat16, row chunks: each chunk's residual is added in place, with its rows of the next norm
+  // (rows are independent, and the chunk's rows of h are no longer needed).
+  const at::Tensor xm = x1.view({M, C}), hm = h;
+  const int64_t rows = pass.r.size(0);
+  for (int64_t r = 0; r < M; r += rows) {
+    const int64_t n = std::min(rows, M - r);
+    const at::Tensor g = linear_into(pass.g.narrow(0, 0, n * 2 * F).view({n, 2 * F}),
+                                     hm.narrow(0, r, n), b.w12_w, b.w12_b);
+    const at::Tensor a = pass.a.narrow(0, 0, n * F).view({n, F});
+    fused_swiglu(a, g);
+    const at::Tensor out = linear_into(pass.r.narrow(0, 0, n), a, b.w3_w, b.w3_b);
+    const at::Tensor xr = xm.narrow(0, r, n);
+    fused_add_rms_norm(xr, xr, out, at::Tensor(), next_ln1, kRmsNormEps,
+                       next_ln1.defined() ? hm.narrow(0, r, n) : at::Tensor());
+  }
+  return x1;
 }
 
 at::Tensor Network::block(const Block& b, at::Tensor x, Pass& pass) const {
@@ -468,7 +605,7 @@ at::Tensor Network::block(const Block& b, at::Tensor x, Pass& pass) const {
       backbone_linear(h, b.wv_w, b.wv_b).view({B, N, b.kv_heads, hd}).transpose(1, 2);
   x = x + backbone_linear(attend(q, k, v, pass), b.proj_w, b.proj_b).mul(b.gamma);
   h = rms_norm(x, b.ln2_w, pass.own_ops);
-  if (pass.own_ops) {
+  if (device_.is_cpu() && dtype_ != at::kFloat) {
     add_mlp_chunked(b, h, x, pass);
     return x;
   }
@@ -494,10 +631,12 @@ at::Tensor Network::attend(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 // x += w3(silu(g) * u) + b3 with [g | u] = w12(h) + b12, kMlpRows tokens at a time into two
-// buffers reused block after block, the gate in one pass (swiglu_cpu). The module's ops made a
-// fresh [N, 2F] map per block and three passes over it: at 0.4b in bfloat16 on an AMX Xeon the
-// bias copy into it took 213 ms a call, the SiLU of its strided half 193 ms, the product 202 ms
-// (benchmarks/results/cpu-profile-s2_full_0.4b-amx.json has the totals).
+// buffers reused block after block; the gate in one pass (swiglu_cpu) for float16, the module's
+// at::silu and at::mul otherwise (bfloat16 with SAPIENS_SEG_CPU_FUSE=off: the reference of the
+// fused path). The module's ops made a fresh [N, 2F] map per block and three passes over it: at
+// 0.4b in bfloat16 on an AMX Xeon the bias copy into it took 213 ms a call, the SiLU of its
+// strided half 193 ms, the product 202 ms (benchmarks/results/intel-xeon-amx/
+// cpu-profile-s2_full_0.4b-amx.json has the totals).
 void Network::add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Tensor& x,
                               Pass& pass) const {
   const int64_t M = pass.batch * pass.tokens, C = config_.embed_dim, F = b.w12_w.size(0) / 2;
@@ -511,14 +650,24 @@ void Network::add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Ten
     at::Tensor g = pass.mlp_g.narrow(0, 0, n);
     at::addmm_out(g, b.w12_b, hm.narrow(0, r, n), w12t);
     const at::Tensor a = pass.mlp_a.narrow(0, 0, n);
-    swiglu_cpu(a, g);
+    if (pass.own_ops) {
+      swiglu_cpu(a, g);
+    } else {
+      a.copy_(at::silu(g.narrow(1, 0, F)).mul(g.narrow(1, F, F)));
+    }
     xm.narrow(0, r, n).add_(at::linear(a, b.w3_w, b.w3_b));
   }
 }
 
 at::Tensor Network::final_norm(const at::Tensor& x) const {
   c10::InferenceMode guard;
-  return rms_norm(x, ln_w_, device_.is_cpu() && dtype_ != at::kFloat);
+  if (device_.is_cpu() && (dtype_ == at::kFloat || dtype_ == at::kBFloat16) &&
+      x.is_contiguous() && fused_enabled()) {
+    at::Tensor y = at::empty_like(x);
+    fused_rms_norm(y, x, ln_w_, kRmsNormEps);
+    return y;
+  }
+  return rms_norm(x, ln_w_, device_.is_cpu() && dtype_ == at::kHalf);
 }
 
 at::Tensor Network::head(at::Tensor x) const {

@@ -108,6 +108,10 @@ class Network {
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const Pass& pass) const;
   void add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Tensor& x, Pass& pass) const;
+  // float32 and bfloat16 on the CPU with the memory-bound passes fused (sapiens2.cpp).
+  at::Tensor blocks_fused(const at::Tensor& x, size_t first, size_t end, Pass& pass) const;
+  at::Tensor block_fused(const Block& b, const at::Tensor& x, const at::Tensor& next_ln1,
+                         Pass& pass) const;
 
   Config config_;
   at::ScalarType dtype_;
