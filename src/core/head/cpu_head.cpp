@@ -168,17 +168,23 @@ at::Tensor deconv_onednn(at::Tensor act, const ChannelStats& stats, const at::Te
 }
 
 // out = silu(norm(x)) W + b for one tile of pixels (1x1 convolution), `tile` as scratch; `out`
-// may be `x` itself. `w` is [in, out]. Both paths run these on LibTorch's BLAS: through oneDNN,
-// each tile's at::conv2d reordered the 16 KB weight again and copied its output back, which on an
-// AMX Xeon (2 cores) took more than the convolution itself (oneDNN's verbose log of one Sapiens2
-// 0.4b call: 288 weight reorders of 64 x 64 and 29 x 64 weights, 0.6 s against 0.84 s of 1x1
-// convolutions, on a busy machine; the GEMMs 0.3 ms a tile against 1.1 ms).
-void conv1x1_tile(const at::Tensor& out, const at::Tensor& x,
-                  const std::pair<at::Tensor, at::Tensor>& affine, const at::Tensor& w,
-                  const at::Tensor& b, const at::Tensor& tile) {
+// may be `x` itself. A GEMM: LibTorch's BLAS on `w_io` [in, out], or, where the float32 GEMMs go
+// to oneDNN (cpu/gemm.hpp's kOnednn), oneDNN's matmul (the inner product LibTorch's mkldnn linear
+// reaches) on `w_oi` [out, in]. oneDNN's head path once ran these as LibTorch convolutions, tile
+// by tile: each call reordered the weight again and went through the convolution's set-up, which
+// on an AMX Xeon (2 cores) took longer than the convolutions themselves (oneDNN's verbose log of
+// one Sapiens2 0.4b float32 call: 288 weight reorders of 64 x 64 and 29 x 64, 0.6 s, beside
+// 0.84 s of 1x1 convolutions, on a busy machine).
+void conv1x1_tile(cpu::GemmPolicy policy, const at::Tensor& out, const at::Tensor& x,
+                  const std::pair<at::Tensor, at::Tensor>& affine, const at::Tensor& w_io,
+                  const at::Tensor& w_oi, const at::Tensor& b, const at::Tensor& tile) {
   norm_silu_into(tile, x, affine);
-  at::Tensor o = out;
-  at::addmm_out(o, b, tile, w);
+  if (policy == cpu::GemmPolicy::kOnednn) {
+    out.copy_(cpu::linear(tile, w_oi, b, policy));
+  } else {
+    at::Tensor o = out;
+    at::addmm_out(o, b, tile, w_io);
+  }
 }
 
 }  // namespace
@@ -224,13 +230,17 @@ CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path) : path_(path) {
     // with the transposed ([out, in]) layout. [in, out, ky, kx] becomes [ky, kx, in, out].
     deconv_.push_back(gemm ? d.permute({2, 3, 0, 1}).contiguous() : d.contiguous());
   }
-  // The 1x1 convolutions run as GEMMs on both paths (conv1x1_tile).
-  auto matrix = [&](const at::Tensor& c) { return c.view({c.size(0), -1}).t().contiguous(); };
+  // The 1x1 convolutions as matrices: [in, out] for LibTorch's BLAS, [out, in] (a linear layer's
+  // weight) for oneDNN's matmul (conv1x1_tile); kilobytes each.
+  auto in_out = [](const at::Tensor& c) { return c.view({c.size(0), -1}).t().contiguous(); };
+  auto out_in = [](const at::Tensor& c) { return c.view({c.size(0), -1}).contiguous(); };
   for (size_t s = 0; s < w.conv_w.size(); ++s) {
-    conv_w_.push_back(matrix(w.conv_w[s]));
+    conv_w_.push_back(in_out(w.conv_w[s]));
+    conv_w_oi_.push_back(out_in(w.conv_w[s]));
     conv_b_.push_back(w.conv_b[s].contiguous());
   }
-  seg_w_ = matrix(w.seg_w);
+  seg_w_ = in_out(w.seg_w);
+  seg_w_oi_ = out_in(w.seg_w);
   seg_b_ = w.seg_b.contiguous();
 }
 
@@ -238,6 +248,10 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
   const auto stages = static_cast<int64_t>(deconv_.size());
   const int64_t B = feat.size(0), K = seg_b_.size(0);
   at::Tensor logits = at::empty({B, K, gh << stages, gw << stages}, feat.options());
+  // The 1x1 convolutions' GEMMs follow the float32 policy of this call (cpu/gemm.hpp).
+  const cpu::GemmPolicy policy = cpu::policy_for(
+      feat.scalar_type(),
+      feat.scalar_type() == at::kFloat ? cpu::float32_gemm().policy : cpu::GemmPolicy::kSplit);
 
   for (int64_t b = 0; b < B; ++b) {
     at::Tensor act = feat[b];  // [h * w, channels], raw (stats empty) or to be normalised
@@ -265,8 +279,8 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
       for (int64_t r = 0; r < P; r += kTileRows) {
         const int64_t n = std::min(kTileRows, P - r);
         const at::Tensor rows = out.narrow(0, r, n);
-        conv1x1_tile(rows, act.narrow(0, r, n), affine, conv_w_[s], conv_b_[s],
-                     tile.narrow(0, 0, n));
+        conv1x1_tile(policy, rows, act.narrow(0, r, n), affine, conv_w_[s], conv_w_oi_[s],
+                     conv_b_[s], tile.narrow(0, 0, n));
         next.add(rows, n, n, 0);
       }
       act = out;
@@ -277,8 +291,8 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
     const at::Tensor tile = at::empty({std::min(kTileRows, P), act.size(1)}, act.options());
     for (int64_t r = 0; r < P; r += kTileRows) {
       const int64_t n = std::min(kTileRows, P - r);
-      conv1x1_tile(out.narrow(0, r, n), act.narrow(0, r, n), affine, seg_w_, seg_b_,
-                   tile.narrow(0, 0, n));
+      conv1x1_tile(policy, out.narrow(0, r, n), act.narrow(0, r, n), affine, seg_w_, seg_w_oi_,
+                   seg_b_, tile.narrow(0, 0, n));
     }
     logits[b].copy_(out.view({H, W, K}).permute({2, 0, 1}));
   }

@@ -25,9 +25,10 @@ namespace sapiens_seg::core::head {
 
 enum class CpuHeadPath {
   kGemm,    // deconvolutions as sub-pixel GEMMs, 1x1 convolutions as GEMMs (MKL for float32)
-  kOnednn,  // oneDNN's deconvolutions on channels-last maps (LibTorch's conv_transpose2d), the
-            // 1x1 convolutions as GEMMs as on kGemm
+  kOnednn,  // oneDNN's deconvolutions on channels-last maps (LibTorch's conv_transpose2d)
 };
+// On both paths the 1x1 convolutions are GEMMs of the library the float32 GEMM policy names
+// (cpu/gemm.hpp: oneDNN's matmul under kOnednn, else LibTorch's BLAS).
 const char* to_string(CpuHeadPath path);
 
 // The path for `dtype` on this CPU, for a head whose last maps (the classifier's input) are `width`
@@ -68,9 +69,9 @@ class CpuHead {
  private:
   CpuHeadPath path_ = CpuHeadPath::kGemm;
   // deconv_: kGemm [ky, kx, in, out] (one matrix per kernel tap), kOnednn as stored; conv_w_ and
-  // seg_w_ [in, out] on both.
-  std::vector<at::Tensor> deconv_, conv_w_, conv_b_;
-  at::Tensor seg_w_, seg_b_;
+  // seg_w_ [in, out], conv_w_oi_ and seg_w_oi_ [out, in].
+  std::vector<at::Tensor> deconv_, conv_w_, conv_w_oi_, conv_b_;
+  at::Tensor seg_w_, seg_w_oi_, seg_b_;
 };
 
 }  // namespace sapiens_seg::core::head
