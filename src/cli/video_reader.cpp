@@ -49,6 +49,11 @@ constexpr const char* kDemuxers =
 // Pixels of the largest frame converted: the library's own limit for images (2^28).
 constexpr std::int64_t kMaxPixels = std::int64_t{1} << 28;
 
+// The frame rates taken from a stream's header. Under one frame in about 17 minutes is no
+// video's, and rounded to thousandths for the reports such a rate can be 0, which durations and
+// the output's timeline divide by; over 1000 a second is no camera's.
+constexpr double kMinRate = 0.001, kMaxRate = 1000;
+
 // Packets that failed to decode wait (by presentation time) for the decoder's reordering to
 // show where they fall; at most this many are held, then the oldest is placed at once.
 constexpr std::size_t kMaxPendingFailures = 32;
@@ -405,7 +410,8 @@ struct VideoReader::Impl {
     // well above the mean) at its base rate, up to 60 frames a second.
     const double mean = q2d_or(st->avg_frame_rate, 0);
     const double base = q2d_or(st->r_frame_rate, 0);
-    double rate = base > 0 && base <= 1000 ? base : mean > 0 && mean <= 1000 ? mean : 25.0;
+    const auto usable = [](double r) { return r >= kMinRate && r <= kMaxRate; };
+    double rate = usable(base) ? base : usable(mean) ? mean : 25.0;
     if (mean > 0 && rate > 1.5 * mean) rate = std::max(mean, std::min(rate, 60.0));
     info.rate = std::round(rate * 1000) / 1000;
 
