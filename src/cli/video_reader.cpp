@@ -257,6 +257,13 @@ std::int64_t frame_duration(const AVFrame* f) {
 #endif
 }
 
+// b - a in time-base ticks. A damaged file's timestamps can be anywhere in the 64-bit range, where
+// the integer difference overflows; in doubles it cannot, and it is exact while both are within
+// 2^52 ticks of 0 (at MPEG's 90 kHz, over a thousand years).
+double ticks_between(std::int64_t a, std::int64_t b) {
+  return static_cast<double>(b) - static_cast<double>(a);
+}
+
 std::int64_t timestamp_of(const AVFrame* f) {
   return f->best_effort_timestamp != AV_NOPTS_VALUE ? f->best_effort_timestamp : f->pts;
 }
@@ -509,7 +516,7 @@ struct VideoReader::Impl {
   std::optional<double> seconds_of(std::int64_t ts) {
     if (ts == AV_NOPTS_VALUE) return std::nullopt;
     if (!first_ts) first_ts = ts;
-    return static_cast<double>(ts - *first_ts) * av_q2d(st->time_base);
+    return ticks_between(*first_ts, ts) * av_q2d(st->time_base);
   }
 
   void time(const std::optional<double>& s, double duration) {
@@ -727,7 +734,7 @@ struct VideoReader::Impl {
   // after its start: B-frame delays, a trimmed head).
   double first_offset() const {
     if (!first_ts || st->start_time == AV_NOPTS_VALUE) return 0;
-    return std::max(0.0, static_cast<double>(*first_ts - st->start_time) * av_q2d(st->time_base));
+    return std::max(0.0, ticks_between(st->start_time, *first_ts) * av_q2d(st->time_base));
   }
 };
 
