@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <utility>
 
@@ -189,6 +190,13 @@ const std::int32_t* display_matrix(const AVStream* st) {
 #endif
 }
 
+// -v, where INT32_MIN (a file's matrix element can be any 32-bit value) becomes INT32_MAX: its
+// negative is no int32, and one 65536th in a 16.16 element does not move the angle.
+std::int32_t negated(std::int32_t v) {
+  return v == std::numeric_limits<std::int32_t>::min() ? std::numeric_limits<std::int32_t>::max()
+                                                       : -v;
+}
+
 // The matrix maps a stored pixel (x, y) to (a x + c y, b x + d y) (a, b, c, d = m[0], m[1],
 // m[3], m[4]), in picture coordinates, y downwards. One with a negative determinant mirrors:
 // it is a left-right mirror (x -> -x, which negates a and b) followed by a turn.
@@ -201,8 +209,8 @@ void apply_matrix(const std::int32_t* m, VideoStreamInfo& info) {
   const double det = static_cast<double>(m[0]) * m[4] - static_cast<double>(m[1]) * m[3];
   const bool mirrored = det < 0;
   if (mirrored) {
-    turn[0] = -turn[0];
-    turn[1] = -turn[1];
+    turn[0] = negated(turn[0]);
+    turn[1] = negated(turn[1]);
   }
   const double ccw = av_display_rotation_get(turn);
   if (std::isnan(ccw)) {
