@@ -8,6 +8,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 extern "C" {
@@ -263,6 +264,17 @@ std::int64_t frame_duration(const AVFrame* f) {
 #else
   return f->pkt_duration;
 #endif
+}
+
+// The int an FFmpeg enum field holds. FFmpeg's C decoders store a stream's raw codes there (an
+// MPEG-2 header's 8-bit matrix_coefficients goes into AVFrame.colorspace as it is: 65, say); a
+// C++ load of such a value as the enum type, outside its enumerators' range, is undefined.
+template <typename Enum>
+int stored_int(const Enum& field) {
+  static_assert(std::is_enum_v<Enum> && sizeof(Enum) == sizeof(int));
+  int v = 0;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
 }
 
 // b - a in time-base ticks. A damaged file's timestamps can be anywhere in the 64-bit range, where
@@ -624,10 +636,10 @@ struct VideoReader::Impl {
     }
     // The frame's own colour matrix and range, as FFmpeg's scale filter takes them (BT.601
     // where the stream does not say).
-    const int space = current->colorspace;
+    const int space = stored_int(current->colorspace);
     const AVPixFmtDescriptor* desc = av_pix_fmt_desc_get(format);
     const bool yuv = desc != nullptr && !(desc->flags & AV_PIX_FMT_FLAG_RGB) && desc->nb_components >= 3;
-    const int full = current->color_range == AVCOL_RANGE_JPEG ||
+    const int full = stored_int(current->color_range) == AVCOL_RANGE_JPEG ||
                              format == AV_PIX_FMT_YUVJ420P || format == AV_PIX_FMT_YUVJ422P ||
                              format == AV_PIX_FMT_YUVJ444P || format == AV_PIX_FMT_YUVJ440P ||
                              format == AV_PIX_FMT_YUVJ411P
