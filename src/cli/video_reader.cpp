@@ -6,7 +6,9 @@
 #include <cstdarg>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 extern "C" {
@@ -48,6 +50,11 @@ constexpr const char* kDemuxers =
 
 // Pixels of the largest frame converted: the library's own limit for images (2^28).
 constexpr std::int64_t kMaxPixels = std::int64_t{1} << 28;
+
+// The frame rates taken from a stream's header. Under one frame in about 17 minutes is no
+// video's, and rounded to thousandths for the reports such a rate can be 0, which durations and
+// the output's timeline divide by; over 1000 a second is no camera's.
+constexpr double kMinRate = 0.001, kMaxRate = 1000;
 
 // Packets that failed to decode wait (by presentation time) for the decoder's reordering to
 // show where they fall; at most this many are held, then the oldest is placed at once.
@@ -184,6 +191,13 @@ const std::int32_t* display_matrix(const AVStream* st) {
 #endif
 }
 
+// -v, where INT32_MIN (a file's matrix element can be any 32-bit value) becomes INT32_MAX: its
+// negative is no int32, and one 65536th in a 16.16 element does not move the angle.
+std::int32_t negated(std::int32_t v) {
+  return v == std::numeric_limits<std::int32_t>::min() ? std::numeric_limits<std::int32_t>::max()
+                                                       : -v;
+}
+
 // The matrix maps a stored pixel (x, y) to (a x + c y, b x + d y) (a, b, c, d = m[0], m[1],
 // m[3], m[4]), in picture coordinates, y downwards. One with a negative determinant mirrors:
 // it is a left-right mirror (x -> -x, which negates a and b) followed by a turn.
@@ -196,8 +210,8 @@ void apply_matrix(const std::int32_t* m, VideoStreamInfo& info) {
   const double det = static_cast<double>(m[0]) * m[4] - static_cast<double>(m[1]) * m[3];
   const bool mirrored = det < 0;
   if (mirrored) {
-    turn[0] = -turn[0];
-    turn[1] = -turn[1];
+    turn[0] = negated(turn[0]);
+    turn[1] = negated(turn[1]);
   }
   const double ccw = av_display_rotation_get(turn);
   if (std::isnan(ccw)) {
@@ -250,6 +264,24 @@ std::int64_t frame_duration(const AVFrame* f) {
 #else
   return f->pkt_duration;
 #endif
+}
+
+// The int an FFmpeg enum field holds. FFmpeg's C decoders store a stream's raw codes there (an
+// MPEG-2 header's 8-bit matrix_coefficients goes into AVFrame.colorspace as it is: 65, say); a
+// C++ load of such a value as the enum type, outside its enumerators' range, is undefined.
+template <typename Enum>
+int stored_int(const Enum& field) {
+  static_assert(std::is_enum_v<Enum> && sizeof(Enum) == sizeof(int));
+  int v = 0;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
+
+// b - a in time-base ticks. A damaged file's timestamps can be anywhere in the 64-bit range, where
+// the integer difference overflows; in doubles it cannot, and it is exact while both are within
+// 2^52 ticks of 0 (at MPEG's 90 kHz, over a thousand years).
+double ticks_between(std::int64_t a, std::int64_t b) {
+  return static_cast<double>(b) - static_cast<double>(a);
 }
 
 std::int64_t timestamp_of(const AVFrame* f) {
@@ -405,7 +437,8 @@ struct VideoReader::Impl {
     // well above the mean) at its base rate, up to 60 frames a second.
     const double mean = q2d_or(st->avg_frame_rate, 0);
     const double base = q2d_or(st->r_frame_rate, 0);
-    double rate = base > 0 && base <= 1000 ? base : mean > 0 && mean <= 1000 ? mean : 25.0;
+    const auto usable = [](double r) { return r >= kMinRate && r <= kMaxRate; };
+    double rate = usable(base) ? base : usable(mean) ? mean : 25.0;
     if (mean > 0 && rate > 1.5 * mean) rate = std::max(mean, std::min(rate, 60.0));
     info.rate = std::round(rate * 1000) / 1000;
 
@@ -503,7 +536,7 @@ struct VideoReader::Impl {
   std::optional<double> seconds_of(std::int64_t ts) {
     if (ts == AV_NOPTS_VALUE) return std::nullopt;
     if (!first_ts) first_ts = ts;
-    return static_cast<double>(ts - *first_ts) * av_q2d(st->time_base);
+    return ticks_between(*first_ts, ts) * av_q2d(st->time_base);
   }
 
   void time(const std::optional<double>& s, double duration) {
@@ -603,10 +636,10 @@ struct VideoReader::Impl {
     }
     // The frame's own colour matrix and range, as FFmpeg's scale filter takes them (BT.601
     // where the stream does not say).
-    const int space = current->colorspace;
+    const int space = stored_int(current->colorspace);
     const AVPixFmtDescriptor* desc = av_pix_fmt_desc_get(format);
     const bool yuv = desc != nullptr && !(desc->flags & AV_PIX_FMT_FLAG_RGB) && desc->nb_components >= 3;
-    const int full = current->color_range == AVCOL_RANGE_JPEG ||
+    const int full = stored_int(current->color_range) == AVCOL_RANGE_JPEG ||
                              format == AV_PIX_FMT_YUVJ420P || format == AV_PIX_FMT_YUVJ422P ||
                              format == AV_PIX_FMT_YUVJ444P || format == AV_PIX_FMT_YUVJ440P ||
                              format == AV_PIX_FMT_YUVJ411P
@@ -721,7 +754,7 @@ struct VideoReader::Impl {
   // after its start: B-frame delays, a trimmed head).
   double first_offset() const {
     if (!first_ts || st->start_time == AV_NOPTS_VALUE) return 0;
-    return std::max(0.0, static_cast<double>(*first_ts - st->start_time) * av_q2d(st->time_base));
+    return std::max(0.0, ticks_between(st->start_time, *first_ts) * av_q2d(st->time_base));
   }
 };
 
