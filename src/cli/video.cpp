@@ -58,6 +58,7 @@ class VideoOut {
   bool is_open() const { return writer_.isOpened(); }
   std::int64_t written() const { return written_; }
   std::int64_t left_out() const { return left_out_; }
+  std::int64_t times_ignored() const { return times_ignored_; }
   double fps() const { return fps_; }
 
   void open(const std::string& path, const std::string& requested, double fps, cv::Size frame) {
@@ -96,10 +97,22 @@ class VideoOut {
     codec = "mp4v";
   }
 
+  // A frame's time is believed only as far as it can be true: inside the stream's duration as its
+  // header gives it (a second of slack), and at most kMaxGapSeconds after the previous frame's.
+  // A damaged or hostile timestamp (a 2 KB file whose third frame is due 10^6 s after its
+  // second) would otherwise have the last picture repeated millions of times; such a frame is
+  // placed right after the previous one, as a frame without a time is, and counted.
+  static constexpr double kMaxGapSeconds = 60;
+  void limit_times(std::optional<double> header_duration) { header_duration_ = header_duration; }
+
   // `frame` at `seconds` after the first frame (nullopt: no usable time; then right after the
   // previous frame).
   void place(const cv::Mat& frame, std::optional<double> seconds) {
     std::int64_t slot = written_;
+    if (seconds && !believable(*seconds)) {
+      ++times_ignored_;
+      seconds.reset();
+    }
     if (seconds && (!last_seconds_ || *seconds > *last_seconds_)) {
       slot = std::llround(*seconds * fps_);
       last_seconds_ = seconds;
@@ -120,6 +133,7 @@ class VideoOut {
 
   // The last frame is held until the input's end (`seconds` after its first frame).
   void finish(double seconds) {
+    if (!believable(seconds)) return;
     const std::int64_t end = std::llround(seconds * fps_);
     while (written_ < end && !last_.empty()) put(last_);
   }
@@ -145,8 +159,8 @@ class VideoOut {
                                   static_cast<double>(frame_.height) / frame.rows);
     const cv::Size inner(std::max(1, static_cast<int>(frame.cols * scale)),
                          std::max(1, static_cast<int>(frame.rows * scale)));
-    cv::Mat roi = out(cv::Rect((frame_.width - inner.width) / 2,
-                               (frame_.height - inner.height) / 2, inner.width, inner.height));
+    cv::Mat roi = out(cv::Rect((frame_.width - inner.width) / 2, (frame_.height - inner.height) / 2,
+                               inner.width, inner.height));
     cv::resize(frame, roi, inner, 0, 0, cv::INTER_AREA);
   }
 
@@ -160,7 +174,14 @@ class VideoOut {
   cv::Size frame_, size_;
   cv::Mat last_;
   std::int64_t written_ = 0, left_out_ = 0;
-  std::optional<double> last_seconds_;
+  std::optional<double> last_seconds_, header_duration_;
+  std::int64_t times_ignored_ = 0;
+
+  bool believable(double seconds) const {
+    if (!std::isfinite(seconds) || seconds < 0) return false;
+    if (header_duration_ && seconds > *header_duration_ + 1.0) return false;
+    return seconds - last_seconds_.value_or(0.0) <= kMaxGapSeconds;
+  }
 };
 
 // OpenCV's VideoWriter reports no write error (a full disk, a file size limit): the finished
@@ -245,7 +266,7 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
   const double rate = vi.rate;
   // For the progress line: what the container lists, else its duration at the rate.
   const std::int64_t expected =
-      vi.frames_listed ? *vi.frames_listed
+      vi.frames_listed     ? *vi.frames_listed
       : vi.header_duration ? static_cast<std::int64_t>(std::llround(*vi.header_duration * rate))
                            : 0;
   const std::string& video_out = names.overlay_video;
@@ -268,6 +289,7 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
   auto overlay_open = [&](cv::Size size) {
     if (video.is_open()) return;
     video.open(video_tmp, a.codec, rate / a.stride, size);
+    video.limit_times(vi.header_duration);
     if (!video.fallback.empty()) report.warn(path + ": " + video.fallback);
   };
   auto flush = [&] {
@@ -357,8 +379,8 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
       video.release();
       check_written_video(video_tmp, video_out, video.written());
       if (std::rename(video_tmp.c_str(), video_out.c_str()) != 0) {
-        throw Error(ErrorCode::kIo, "cannot write " + video_out + ": rename failed (" +
-                                        std::strerror(errno) + ")");
+        throw Error(ErrorCode::kIo,
+                    "cannot write " + video_out + ": rename failed (" + std::strerror(errno) + ")");
       }
       put_path(outputs, "overlay_video", video_out);
     }
@@ -366,12 +388,9 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
       sync_dir(frames_dir.string());
       put_path(outputs, "frames_dir", frames_dir.string());
     }
-    nlohmann::json entry = {{"frames", processed},
-                            {"frames_read", read},
-                            {"fps", rate},
-                            {"width", displayed->width},
-                            {"height", displayed->height},
-                            {"outputs", outputs}};
+    nlohmann::json entry = {
+        {"frames", processed},       {"frames_read", read},         {"fps", rate},
+        {"width", displayed->width}, {"height", displayed->height}, {"outputs", outputs}};
     if (vi.rotation != 0 || vi.mirrored) {
       entry["rotation"] = vi.rotation;
       if (vi.mirrored) entry["mirrored"] = true;
@@ -389,6 +408,14 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
       entry["codec"] = video.codec;
       if (!video.fallback.empty()) entry["codec_fallback"] = video.fallback;
       if (video.left_out() > 0) entry["frames_not_in_overlay"] = video.left_out();
+      if (video.times_ignored() > 0) {
+        entry["frame_times_ignored"] = video.times_ignored();
+        warnings.push_back(std::to_string(video.times_ignored()) +
+                           " frame times lie beyond the stream's duration or over " +
+                           std::to_string(static_cast<int>(VideoOut::kMaxGapSeconds)) +
+                           " s after the frame before (damaged timestamps): those frames follow "
+                           "the frame before in the overlay video");
+      }
     }
     // A cut file (a copy or download that stopped) decodes up to the cut and then reads as
     // ended; the reader tells it from a healthy variable-rate or trimmed file by the
@@ -400,20 +427,19 @@ void run_video(const Model& model, const std::string& path, const OutputNames& n
     }
     if (!undecodable.r.empty()) {
       entry["frames_not_segmented"] = undecodable.json();
-      warnings.push_back("frames " + undecodable.text() + " (" +
-                         std::to_string(undecodable.count()) + ") could not be decoded" +
-                         (end.decode_error.empty() ? std::string()
-                                                   : " (FFmpeg: " + end.decode_error + ")") +
-                         ": they are not segmented" +
-                         (save.overlay ? " (black in the overlay video)" : ""));
+      warnings.push_back(
+          "frames " + undecodable.text() + " (" + std::to_string(undecodable.count()) +
+          ") could not be decoded" +
+          (end.decode_error.empty() ? std::string() : " (FFmpeg: " + end.decode_error + ")") +
+          ": they are not segmented" + (save.overlay ? " (black in the overlay video)" : ""));
     }
     if (!damaged.r.empty()) {
       entry["frames_damaged"] = damaged.json();
-      warnings.push_back("frames " + damaged.text() + " (" + std::to_string(damaged.count()) +
-                         ") were decoded with errors that the decoder concealed" +
-                         (end.decode_error.empty() ? std::string()
-                                                   : " (FFmpeg: " + end.decode_error + ")") +
-                         "; they are segmented as decoded");
+      warnings.push_back(
+          "frames " + damaged.text() + " (" + std::to_string(damaged.count()) +
+          ") were decoded with errors that the decoder concealed" +
+          (end.decode_error.empty() ? std::string() : " (FFmpeg: " + end.decode_error + ")") +
+          "; they are segmented as decoded");
     }
     if (!warnings.empty()) {
       entry["warnings"] = warnings;

@@ -256,6 +256,27 @@ def test_an_empty_video_track_leaves_no_frames_folder(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
+def test_a_timestamp_jump_does_not_fill_the_overlay_with_repeats(tmp_path):
+    # Frames 3-5 are due 10^5 s after frame 2 (a damaged or hostile file of 2 KB; its header's
+    # duration says 10^5 s too): believed, the overlay would repeat frame 2 for a million slots.
+    jump = tmp_path / "jump.mkv"
+    ffmpeg("-f", "lavfi", "-i", "testsrc=size=64x48:rate=10", "-frames:v", "6", "-vf",
+           "setpts='PTS+gte(N\\,3)*100000/TB'", "-c:v", "libx264", "-pix_fmt", "yuv420p", jump)
+    dur = subprocess.run([FFPROBE, "-v", "error", "-show_entries", "format=duration", "-of",
+                          "csv=p=0", str(jump)], capture_output=True, text=True, check=True,
+                         timeout=60)
+    assert float(dur.stdout) > 1e5  # the jump is in the file
+    out = tmp_path / "out"
+    r = cli("segment", jump, "-o", out, "--model", TINY, "--save", "labels,overlay", "--json",
+            timeout=120)
+    assert r.returncode == 0, r.stderr
+    (e,) = entries(r).values()
+    assert e["frames"] == 6 and e["frame_times_ignored"] == 3, e
+    assert any("frame times" in w for w in e["warnings"]), e
+    overlay = read_frames(Path(e["outputs"]["overlay_video"]))
+    assert 6 <= len(overlay) <= 8, len(overlay)
+
+
 # ---- other containers -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ext,codec", [("mkv", "libx264"), ("webm", "libvpx-vp9"),
