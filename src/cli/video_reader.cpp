@@ -99,9 +99,8 @@ class LogLines {
   }
   bool contains(const char* text) const {
     const std::lock_guard<std::mutex> lock(mu_);
-    return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& l) {
-      return l.find(text) != std::string::npos;
-    });
+    return std::any_of(lines_.begin(), lines_.end(),
+                       [&](const std::string& l) { return l.find(text) != std::string::npos; });
   }
   std::string last() const {
     const std::lock_guard<std::mutex> lock(mu_);
@@ -120,7 +119,7 @@ class LogLines {
 
 std::mutex g_log_mu;
 std::vector<std::pair<const void*, LogLines*>> g_log_owners;  // FFmpeg context -> its reader
-thread_local LogLines* t_log = nullptr;                        // the reader working here
+thread_local LogLines* t_log = nullptr;                       // the reader working here
 
 void log_callback(void* avcl, int level, const char* fmt, va_list vl) {
   LogLines* sink = nullptr;
@@ -178,9 +177,8 @@ void disown_log(const LogLines* lines) {
 
 const std::int32_t* display_matrix(const AVStream* st) {
 #if SAPIENS_SEG_CODECPAR_SIDE_DATA
-  const AVPacketSideData* sd =
-      av_packet_side_data_get(st->codecpar->coded_side_data, st->codecpar->nb_coded_side_data,
-                              AV_PKT_DATA_DISPLAYMATRIX);
+  const AVPacketSideData* sd = av_packet_side_data_get(
+      st->codecpar->coded_side_data, st->codecpar->nb_coded_side_data, AV_PKT_DATA_DISPLAYMATRIX);
   if (sd == nullptr || sd->size < 9 * sizeof(std::int32_t)) return nullptr;
   return reinterpret_cast<const std::int32_t*>(sd->data);
 #else
@@ -399,8 +397,7 @@ struct VideoReader::Impl {
       const AVStream* s = index >= 0 ? fmt->streams[index] : nullptr;
       const char* name = s ? avcodec_get_name(s->codecpar->codec_id) : "its codec";
       throw Error(ErrorCode::kInvalidInput, "cannot decode video " + path + ": this FFmpeg (" +
-                                                av_version_info() + ") has no decoder for " +
-                                                name);
+                                                av_version_info() + ") has no decoder for " + name);
     }
     if (index < 0) {
       throw Error(ErrorCode::kInvalidInput, path + " has no video stream");
@@ -415,7 +412,8 @@ struct VideoReader::Impl {
     apply_matrix(display_matrix(st), info);
 
     dec = avcodec_alloc_context3(codec);
-    if (dec == nullptr) throw Error(ErrorCode::kOutOfMemory, "cannot decode " + path + ": no memory");
+    if (dec == nullptr)
+      throw Error(ErrorCode::kOutOfMemory, "cannot decode " + path + ": no memory");
     own_log(dec, &log);
     r = avcodec_parameters_to_context(dec, st->codecpar);
     if (r < 0) fail(r, "cannot decode video");
@@ -630,15 +628,16 @@ struct VideoReader::Impl {
     sws = sws_getCachedContext(sws, w, h, format, w, h, AV_PIX_FMT_RGB24, SWS_BICUBIC, nullptr,
                                nullptr, nullptr);
     if (sws == nullptr) {
-      throw Error(ErrorCode::kInternal,
-                  "cannot convert a " + std::to_string(w) + "x" + std::to_string(h) +
-                      " frame of " + path + " to RGB (libswscale refused)");
+      throw Error(ErrorCode::kInternal, "cannot convert a " + std::to_string(w) + "x" +
+                                            std::to_string(h) + " frame of " + path +
+                                            " to RGB (libswscale refused)");
     }
     // The frame's own colour matrix and range, as FFmpeg's scale filter takes them (BT.601
     // where the stream does not say).
     const int space = stored_int(current->colorspace);
     const AVPixFmtDescriptor* desc = av_pix_fmt_desc_get(format);
-    const bool yuv = desc != nullptr && !(desc->flags & AV_PIX_FMT_FLAG_RGB) && desc->nb_components >= 3;
+    const bool yuv =
+        desc != nullptr && !(desc->flags & AV_PIX_FMT_FLAG_RGB) && desc->nb_components >= 3;
     const int full = stored_int(current->color_range) == AVCOL_RANGE_JPEG ||
                              format == AV_PIX_FMT_YUVJ420P || format == AV_PIX_FMT_YUVJ422P ||
                              format == AV_PIX_FMT_YUVJ444P || format == AV_PIX_FMT_YUVJ440P ||
@@ -737,14 +736,14 @@ struct VideoReader::Impl {
         std::snprintf(at, sizeof at, "at %.2f s of the %.2f s its header gives", e.duration,
                       expected);
         e.truncated = true;
-        e.why = std::string("truncated: the stream ends ") + at + "; " + read +
-                " frames could be read";
+        e.why =
+            std::string("truncated: the stream ends ") + at + "; " + read + " frames could be read";
       }
     }
     if (!demux_error.empty() && !e.truncated) {
       e.truncated = true;
-      e.why = "truncated or damaged: reading stopped after " + read + " frames (" + demux_error +
-              ")";
+      e.why =
+          "truncated or damaged: reading stopped after " + read + " frames (" + demux_error + ")";
     }
     if (!e.frames_in_container && !e.truncated) e.frames_in_container = e.frames;
     return e;
@@ -765,13 +764,21 @@ VideoReader::VideoReader(const std::string& path, const std::atomic<bool>& cance
 
 VideoReader::~VideoReader() = default;
 
-const VideoStreamInfo& VideoReader::info() const { return impl_->info; }
+const VideoStreamInfo& VideoReader::info() const {
+  return impl_->info;
+}
 
-bool VideoReader::next(VideoFrame& frame) { return impl_->next(frame); }
+bool VideoReader::next(VideoFrame& frame) {
+  return impl_->next(frame);
+}
 
-const cv::Mat& VideoReader::rgb() { return impl_->rgb(); }
+const cv::Mat& VideoReader::rgb() {
+  return impl_->rgb();
+}
 
-VideoEnd VideoReader::end() const { return impl_->end(); }
+VideoEnd VideoReader::end() const {
+  return impl_->end();
+}
 
 std::int64_t count_decodable_frames(const std::string& path) {
   const std::atomic<bool> never{false};

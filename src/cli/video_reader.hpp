@@ -25,8 +25,8 @@ namespace sapiens_seg::cli {
 
 // What the file says of its video stream, known once it is open.
 struct VideoStreamInfo {
-  std::string container;  // FFmpeg's demuxer: "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", ...
-  std::string codec;      // "h264", "hevc", "vp9", ...
+  std::string container;      // FFmpeg's demuxer: "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", ...
+  std::string codec;          // "h264", "hevc", "vp9", ...
   int width = 0, height = 0;  // the stored frame size the stream's header gives (0 when none)
   // The display matrix as applied to every frame: a left-right mirror first (`mirrored`), then
   // a clockwise turn of 0, 90, 180 or 270 degrees. A matrix that is no quarter turn
@@ -47,11 +47,11 @@ struct VideoStreamInfo {
 
 // One frame, in presentation order.
 struct VideoFrame {
-  std::int64_t index = 0;          // 0, 1, 2, ... in presentation order
-  std::optional<double> seconds;   // presentation time after the first frame's (none: unknown)
-  bool decoded = false;            // false: its data could not be decoded (no picture)
-  bool damaged = false;            // decoded, but the decoder concealed errors in it
-  int width = 0, height = 0;       // the decoded picture's size as stored (before any turn)
+  std::int64_t index = 0;         // 0, 1, 2, ... in presentation order
+  std::optional<double> seconds;  // presentation time after the first frame's (none: unknown)
+  bool decoded = false;           // false: its data could not be decoded (no picture)
+  bool damaged = false;           // decoded, but the decoder concealed errors in it
+  int width = 0, height = 0;      // the decoded picture's size as stored (before any turn)
 };
 
 // How the stream ended, known once next() has returned false (not cancelled).
@@ -64,9 +64,9 @@ struct VideoEnd {
   // the frames read from a file that was read to its end. nullopt when unknown (a cut file
   // without an index or count).
   std::optional<std::int64_t> frames_in_container;
-  bool truncated = false;   // the stream ends before its index or header says
-  std::string why;          // the reason in words ("" when not truncated)
-  double duration = 0;      // seconds, first frame to the end of the last one
+  bool truncated = false;      // the stream ends before its index or header says
+  std::string why;             // the reason in words ("" when not truncated)
+  double duration = 0;         // seconds, first frame to the end of the last one
   bool variable_rate = false;  // frame steps differ beyond rounding
 };
 
