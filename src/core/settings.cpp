@@ -98,6 +98,11 @@ constexpr std::array kVariables{
              "`libtorch` runs LibTorch's attention on the CPU, `kernel` the library's kernel "
              "wherever the CPU can run it (other values are ignored)",
              "chosen per CPU and dtype (docs/cpu.md)", kEachCall},
+    Variable{"SAPIENS_SEG_CPU_FUSE",
+             "`off` runs Sapiens2's CPU blocks as the module's ops one by one instead of the "
+             "fused passes, which give the same bits (for A/B timings); `on` or unset: fused "
+             "(another value is an `invalid_input` error)",
+             "`on`", kEachCall},
     Variable{"SAPIENS_SEG_CPU_FLAGS",
              "Replaces the CPU's `/proc/cpuinfo` flags (comma- or space-separated) in the dtype "
              "rules, to check them for another machine; the library's vector code still follows "
@@ -257,6 +262,7 @@ Settings read_settings() {
   s.cpu_gemm = env.text("SAPIENS_SEG_CPU_GEMM");
   s.cpu_head = env.text("SAPIENS_SEG_CPU_HEAD");
   s.cpu_attention = env.text("SAPIENS_SEG_CPU_ATTENTION");
+  s.cpu_fuse = env.text("SAPIENS_SEG_CPU_FUSE");
   s.cpu_flags = env.get("SAPIENS_SEG_CPU_FLAGS");
   s.cpu_vendor = env.get("SAPIENS_SEG_CPU_VENDOR");
   s.onednn_max_cpu_isa = env.text("ONEDNN_MAX_CPU_ISA");

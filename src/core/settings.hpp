@@ -60,6 +60,7 @@ struct Settings {
   std::string cpu_gemm;                   // SAPIENS_SEG_CPU_GEMM
   std::string cpu_head;                   // SAPIENS_SEG_CPU_HEAD
   std::string cpu_attention;              // SAPIENS_SEG_CPU_ATTENTION
+  std::string cpu_fuse;                   // SAPIENS_SEG_CPU_FUSE
   std::optional<std::string> cpu_flags;   // SAPIENS_SEG_CPU_FLAGS (set, even empty, replaces)
   std::optional<std::string> cpu_vendor;  // SAPIENS_SEG_CPU_VENDOR (set, even empty, replaces)
   std::string onednn_max_cpu_isa;         // ONEDNN_MAX_CPU_ISA

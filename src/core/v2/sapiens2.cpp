@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <numbers>
 #include <regex>
 #include <sstream>
@@ -14,6 +14,7 @@
 #include "../attention/cpu_attention.hpp"
 #include "../checkpoint/layout.hpp"
 #include "../checkpoint/mapped_file.hpp"
+#include "../settings.hpp"
 #include "cpu_ops.hpp"
 #include "sapiens_seg/error.hpp"
 
@@ -471,16 +472,15 @@ at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
 
 namespace {
 bool fused_enabled() {
-  const char* env = std::getenv("SAPIENS_SEG_CPU_FUSE");
-  if (env == nullptr || *env == 0 || std::string(env) == "on") return true;
-  if (std::string(env) == "off") return false;
+  const std::string v = read_settings().cpu_fuse;
+  if (v.empty() || v == "on") return true;
+  if (v == "off") return false;
   throw Error(ErrorCode::kInvalidInput,
-              std::string("SAPIENS_SEG_CPU_FUSE must be 'on' or 'off', got '") + env + "'");
+              "SAPIENS_SEG_CPU_FUSE must be 'on' or 'off', got '" + v + "'");
 }
 }  // namespace
 
-at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end,
-                                 Pass& pass) const {
+at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end, Pass& pass) const {
   const auto& c = config_;
   const int64_t B = pass.batch, N = pass.tokens, C = c.embed_dim, M = B * N;
   int64_t F = 0;
@@ -537,12 +537,12 @@ at::Tensor Network::block_fused(const Block& b, const at::Tensor& x, const at::T
   // does); bfloat16 leaves the grouping to cpu_attention, whose kernel takes it as it is.
   const int64_t rep = f32 ? H / kv : 1;
   const at::Tensor k = pass.kr.narrow(0, 0, B * kv * rep * N * hd).view({B, kv * rep, N, hd});
-  const at::Tensor kl = linear_into(pass.k.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h,
-                                    b.wk_w, b.wk_b);
-  fused_qk_norm_rope(k, kl.view({B, N, kv * hd}), kv, b.k_norm_w, kRmsNormEps, rope_cos_,
-                     rope_sin_, pre, rep);
-  const at::Tensor vl = linear_into(pass.v.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h,
-                                    b.wv_w, b.wv_b);
+  const at::Tensor kl =
+      linear_into(pass.k.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h, b.wk_w, b.wk_b);
+  fused_qk_norm_rope(k, kl.view({B, N, kv * hd}), kv, b.k_norm_w, kRmsNormEps, rope_cos_, rope_sin_,
+                     pre, rep);
+  const at::Tensor vl =
+      linear_into(pass.v.narrow(0, 0, M * kv * hd).view({M, kv * hd}), h, b.wv_w, b.wv_b);
   at::Tensor v = vl.view({B, N, kv, hd}).transpose(1, 2);
   at::Tensor o;
   if (f32) {
@@ -559,8 +559,8 @@ at::Tensor Network::block_fused(const Block& b, const at::Tensor& x, const at::T
   // SwiGLU: w12 (rows [0, F) the gate, [F, 2F) its multiplier), the gate in one pass, w3, and
   // the residual add with the next block's first norm in one more.
   if (f32) {
-    const at::Tensor g = linear_into(pass.g.narrow(0, 0, M * 2 * F).view({M, 2 * F}), h,
-                                     b.w12_w, b.w12_b);
+    const at::Tensor g =
+        linear_into(pass.g.narrow(0, 0, M * 2 * F).view({M, 2 * F}), h, b.w12_w, b.w12_b);
     const at::Tensor a = pass.a.narrow(0, 0, M * F).view({M, F});
     fused_swiglu(a, g);
     at::Tensor& x2 = x1.data_ptr() == xs[0].data_ptr() ? xs[1] : xs[0];
@@ -570,7 +570,8 @@ at::Tensor Network::block_fused(const Block& b, const at::Tensor& x, const at::T
   }
   // bfloat16, row chunks: each chunk's residual is added in place, with its rows of the next norm
   // (rows are independent, and the chunk's rows of h are no longer needed).
-  const at::Tensor xm = x1.view({M, C}), hm = h;
+  const at::Tensor xm = x1.view({M, C});
+  const at::Tensor& hm = h;
   const int64_t rows = pass.r.size(0);
   for (int64_t r = 0; r < M; r += rows) {
     const int64_t n = std::min(rows, M - r);
@@ -661,8 +662,8 @@ void Network::add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Ten
 
 at::Tensor Network::final_norm(const at::Tensor& x) const {
   c10::InferenceMode guard;
-  if (device_.is_cpu() && (dtype_ == at::kFloat || dtype_ == at::kBFloat16) &&
-      x.is_contiguous() && fused_enabled()) {
+  if (device_.is_cpu() && (dtype_ == at::kFloat || dtype_ == at::kBFloat16) && x.is_contiguous() &&
+      fused_enabled()) {
     at::Tensor y = at::empty_like(x);
     fused_rms_norm(y, x, ln_w_, kRmsNormEps);
     return y;
