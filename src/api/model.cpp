@@ -110,12 +110,6 @@ core::BuildRequest build_request(const LoadOptions& opt, const c10::Device& devi
   return r;
 }
 
-std::optional<core::CardFacts> card_facts(const std::optional<Card>& card) {
-  if (!card) return std::nullopt;
-  return core::CardFacts{card->id,          card->source, card->heads,      card->input_height,
-                         card->input_width, card->patch,  card->num_classes};
-}
-
 // The label set of a bare checkpoint: the classes of any bundled card of its family and size.
 std::optional<Card> labels_for(const core::FamilyTraits& family, std::int64_t num_classes) {
   for (auto& c : list_cards()) {
@@ -204,7 +198,7 @@ Model load_unguarded(const std::string& id_or_path, const LoadOptions& opt) {
   const io::OpenedCheckpoint ckpt =
       io::open_checkpoint(id_or_path, {opt.accept_noncommercial, opt.allow_unverified}, opt.fetch);
   // 3. Its family's network on a Runner of the asked mode (core/v1, core/v2), held to its card.
-  request.card = card_facts(ckpt.card);
+  request.card = ckpt.card_facts;
   core::Built net = core::build(ckpt.family->family, ckpt.bytes, ckpt.path, request);
   // 4. What the model is, and how images become its input.
   auto impl = std::make_shared<Model::Impl>();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <string>
 #include <string_view>
 
 namespace sapiens_seg::core {
@@ -13,6 +14,14 @@ enum class Family { kSapiensV1, kSapiens2 };
 // Per-channel RGB mean and standard deviation on the 0-255 scale.
 struct MeanStd {
   std::array<float, 3> mean, std;
+};
+
+// What a model card says of the checkpoint it names; each family holds the file to it.
+struct CardFacts {
+  std::string id, source;  // the card's id and the card file it was read from (messages)
+  int heads = 0;           // 0: the card does not say
+  int input_height = 0, input_width = 0, patch = 16;
+  int num_classes = 0;  // 0: the card does not say
 };
 
 struct FamilyTraits {

@@ -85,9 +85,9 @@ namespace {
 std::vector<Located> candidates(const Card& card) {
   std::vector<Located> c;
   if (auto dir = core::read_settings().weights_path; !dir.empty()) {
-    c.push_back({(dir / card.file).string(), "weights_path"});
+    c.push_back({(dir / card.file).string(), "weights_path", ""});
   }
-  c.push_back({weights_target(card), "cache"});
+  c.push_back({weights_target(card), "cache", ""});
   if (!card.repo.empty() && !card.revision.empty()) {
     std::string repo_dir = "models--" + card.repo;
     for (auto pos = repo_dir.find('/'); pos != std::string::npos; pos = repo_dir.find('/')) {
@@ -96,7 +96,7 @@ std::vector<Located> candidates(const Card& card) {
     c.push_back(
         {(fs::path(hf_hub_cache_dir()) / repo_dir / "snapshots" / card.revision / card.path_in_repo)
              .string(),
-         "hf_cache"});
+         "hf_cache", ""});
   }
   return c;
 }
@@ -614,7 +614,12 @@ OpenedCheckpoint open_checkpoint(const std::string& id_or_path, const GateOption
     }
   }
   out.family = &core::traits_of(family_of(out.card, out.path, out.bytes));
-  if (out.card) show_license_notice(*out.card);
+  if (out.card) {
+    const Card& c = *out.card;
+    out.card_facts = core::CardFacts{c.id,          c.source, c.heads,      c.input_height,
+                                     c.input_width, c.patch,  c.num_classes};
+    show_license_notice(c);
+  }
   return out;
 }
 

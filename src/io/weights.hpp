@@ -99,7 +99,9 @@ struct OpenedCheckpoint {
   std::string sha256;        // of the bytes read; "" when nothing asked for a hash (a bare
                              // TorchScript archive the size of no card's file)
   const core::FamilyTraits* family = nullptr;  // never null once opened
-  core::MappedFile bytes;                      // the whole file: what the network is built from
+  // What the card says that the family's network is held to (nullopt: no card claims the file).
+  std::optional<core::CardFacts> card_facts;
+  core::MappedFile bytes;  // the whole file: what the network is built from
 };
 OpenedCheckpoint open_checkpoint(const std::string& id_or_path, const GateOptions& gate,
                                  const FetchOptions& fetch);

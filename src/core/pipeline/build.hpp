@@ -19,14 +19,6 @@
 
 namespace sapiens_seg::core {
 
-// What a model card says of the checkpoint it names; each family holds the file to it.
-struct CardFacts {
-  std::string id, source;  // the card's id and the card file it was read from (messages)
-  int heads = 0;           // 0: the card does not say
-  int input_height = 0, input_width = 0, patch = 16;
-  int num_classes = 0;  // 0: the card does not say
-};
-
 struct BuildRequest {
   Mode mode = Mode::kAuto;
   c10::Device device{c10::kCPU};
