@@ -637,11 +637,10 @@ py::array resize(const py::array& image, int height, int width, const std::strin
 
 void bind_serve(py::module_& m);  // serve_binding.cpp
 
-PYBIND11_MODULE(_core, m) {
-  m.doc() =
-      "Native layer of sapiens_seg (pybind11 over libsapiens_seg). Use sapiens_seg.segmentation; "
-      "the functions here take pre-checked arguments.";
+namespace {
 
+// Every C++ exception leaves as the library's Python error of its code.
+void register_error_translator() {
   // pybind11 calls translators through void(*)(std::exception_ptr): the copy is its signature.
   // Every other C++ exception (a raw LibTorch error, std::bad_alloc) becomes the library error
   // of its kind too (ss::as_error: OutOfMemoryError, else InternalError); pybind11's own
@@ -660,12 +659,10 @@ PYBIND11_MODULE(_core, m) {
           raise_library_error(ss::as_error(p, "sapiens_seg"));
         }
       });
+}
 
-  m.def(
-      "version", [] { return std::string(ss::version()); },
-      "The library's version (the C++ sapiens_seg::version()).");
-  bind_log(m);
-
+// One image's result, with views of its buffers.
+void bind_result(py::module_& m) {
   py::class_<NativeResult, NativeResultPtr>(m, "NativeResult",
                                             "One image's result as the library returned it.")
       .def_property_readonly("height", [](const NativeResult& r) { return r.result.height; })
@@ -738,7 +735,10 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("image"), py::arg("opacity"),
           "Palette colours blended over `image` (None: the decoded input) as HxWx3 uint8.");
+}
 
+// Prepared images, the model, and loading one.
+void bind_model(py::module_& m) {
   py::class_<NativePrepared>(m, "Prepared",
                              "One image decoded, resized and normalised for one model.")
       .def_property_readonly("height", [](const NativePrepared& p) { return p.prepared.height(); })
@@ -764,6 +764,13 @@ PYBIND11_MODULE(_core, m) {
         "Loads a model; the GIL is released while it loads. `options`: {name: text} of the load "
         "options (option_specs()); `progress`: None or a callable (file, done, total, "
         "bytes_per_second) -> bool for downloads; Ctrl-C cancels either way.");
+}
+
+// What the library knows without a model: its options, cards, licences, error codes, system.
+void bind_library_facts(py::module_& m) {
+  m.def(
+      "version", [] { return std::string(ss::version()); },
+      "The library's version (the C++ sapiens_seg::version()).");
   m.def("option_specs", &option_specs,
         "Every option of the library as a dict (name, group load/segment/run, type, default, "
         "choices, min, max, help): what segmentation.load's and Model.__call__'s keyword "
@@ -808,6 +815,11 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "Every error code as (value, name as messages and JSON spell it, the CLI's exit status).");
+  m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
+}
+
+// The CLI's rules (inputs, output names and kinds), so Python and Ray write what the CLI writes.
+void bind_cli_rules(py::module_& m) {
   m.def("expand_inputs", &expand_inputs, py::arg("args"), py::arg("extensions"),
         py::arg("recursive"), py::arg("output_dir"),
         "The CLI's inputs of a run (paths as bytes): files, folders, @lists and - as "
@@ -833,7 +845,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("output_bases", &output_bases, py::arg("paths"), py::arg("output_dir"),
         "The CLI's output base names of these inputs (paths as bytes) written into output_dir "
         "(a fresh run): <base>_seg.png is each one's label PNG.");
-  m.def("system_info", &system_info, "Versions, threads, CUDA devices and backends, as a dict.");
+}
+
+// Image decoding and resizing as the library does them.
+void bind_images(py::module_& m) {
   m.def("read_image", &read_image, py::arg("item"),
         "Decodes a (kind, payload) file or bytes item to (HxWx3 uint8 RGB, decoder warnings) as "
         "the library does.");
@@ -843,5 +858,20 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ITEM_FILE") = kItemFile;
   m.attr("ITEM_ENCODED") = kItemEncoded;
   m.attr("ITEM_RGB") = kItemRgb;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() =
+      "Native layer of sapiens_seg (pybind11 over libsapiens_seg). Use sapiens_seg.segmentation; "
+      "the functions here take pre-checked arguments.";
+  register_error_translator();
+  bind_log(m);
+  bind_result(m);
+  bind_model(m);
+  bind_library_facts(m);
+  bind_cli_rules(m);
+  bind_images(m);
   bind_serve(m);
 }

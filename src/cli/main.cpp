@@ -200,21 +200,9 @@ int run_info() {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  CLI::App app{"sapiens-seg: Sapiens human body-part segmentation"};
-  app.require_subcommand(1);
-  // Global flags (-v, -q) are accepted after the subcommand too: options a subcommand does not
-  // know fall through to its parent. Subcommands inherit this when they are created.
-  app.fallthrough();
-  app.set_version_flag("--version", std::string(version()));
-  bool verbose = false, quiet = false;
-  app.add_flag("-v,--verbose", verbose, "log loading and backend choices");
-  app.add_flag("-q,--quiet", quiet, "log errors only");
-
-  cli::SegmentArgs seg;
-  cli::OptionValues seg_options;
+// `sapiens-seg segment`: its flags, the library's load and run options among them.
+CLI::App* add_segment_command(CLI::App& app, cli::SegmentArgs& seg,
+                              cli::OptionValues& seg_options) {
   auto* s = app.add_subcommand(
       "segment",
       "segment images, folders, lists (@file, -) and videos; write labels, overlays, "
@@ -260,24 +248,79 @@ int main(int argc, char** argv) try {
   s->add_flag("--skip-existing", seg.skip_existing,
               "skip inputs whose selected outputs exist (resume a folder run)");
 
-  auto* m = app.add_subcommand("models", "list, download, verify and remove model weights");
+  return s;
+}
+
+// `sapiens-seg models list|download|verify|path|rm`.
+struct ModelsCommand {
+  CLI::App* app = nullptr;
+  CLI::App *download = nullptr, *verify = nullptr, *path = nullptr, *rm = nullptr;
   std::string model_id;
   bool use_hf_token = false;
-  m->add_subcommand("list", "the model cards and whether their weights are here (default)");
-  auto* m_download = m->add_subcommand("download", "download and verify a model's weights");
-  m_download->add_option("id", model_id, "card id")->required();
-  m_download->add_flag("--use-hf-token", use_hf_token,
+};
+
+void add_models_command(CLI::App& app, ModelsCommand& c) {
+  c.app = app.add_subcommand("models", "list, download, verify and remove model weights");
+  c.app->add_subcommand("list", "the model cards and whether their weights are here (default)");
+  c.download = c.app->add_subcommand("download", "download and verify a model's weights");
+  c.download->add_option("id", c.model_id, "card id")->required();
+  c.download->add_flag("--use-hf-token", c.use_hf_token,
                        "send $HF_TOKEN (also SAPIENS_SEG_USE_HF_TOKEN=1)");
-  auto* m_verify = m->add_subcommand(
+  c.verify = c.app->add_subcommand(
       "verify",
       "re-hash downloaded weights (all, or one id), or a checkpoint file (PATH): this also "
       "accepts the new content of a file without a card");
-  m_verify->add_option("id", model_id, "card id or checkpoint path");
-  auto* m_path = m->add_subcommand("path", "print where a model's weights are (or would go)");
-  m_path->add_option("id", model_id, "card id")->required();
-  auto* m_rm = m->add_subcommand("rm", "delete a model's weights from the cache");
-  m_rm->add_option("id", model_id, "card id")->required();
-  m->require_subcommand(0, 1);
+  c.verify->add_option("id", c.model_id, "card id or checkpoint path");
+  c.path = c.app->add_subcommand("path", "print where a model's weights are (or would go)");
+  c.path->add_option("id", c.model_id, "card id")->required();
+  c.rm = c.app->add_subcommand("rm", "delete a model's weights from the cache");
+  c.rm->add_option("id", c.model_id, "card id")->required();
+  c.app->require_subcommand(0, 1);
+}
+
+int run_models(const ModelsCommand& c) {
+  if (c.download->parsed()) return run_models_download(c.model_id, c.use_hf_token);
+  if (c.verify->parsed()) return run_models_verify(c.model_id);
+  if (c.path->parsed()) return run_models_path(c.model_id);
+  if (c.rm->parsed()) return run_models_rm(c.model_id);
+  return run_models_list();
+}
+
+// A command that failed: its message and exit status; a Ctrl-C during a download is a cancel.
+int report_failure(const std::exception_ptr& failure) {
+  const Error e = as_error(failure, "sapiens-seg");
+  // Ctrl-C while the weights download: a cancel, not a failure (the .part file is kept).
+  if (g_cancel) {
+    const std::string what = e.what();
+    std::fprintf(stderr, "sapiens-seg: interrupted by %s (%s)%s\n", cli::stop_reason().c_str(),
+                 cli::plain_text(what.substr(0, what.find('\n'))).c_str(),
+                 e.code() == ErrorCode::kDownloadFailed
+                     ? "; the partial download is kept and the next run resumes it"
+                     : "");
+    return 128 + (cli::stop_signal() ? cli::stop_signal() : SIGINT);
+  }
+  print_error(e);
+  return exit_status(e.code());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  CLI::App app{"sapiens-seg: Sapiens human body-part segmentation"};
+  app.require_subcommand(1);
+  // Global flags (-v, -q) are accepted after the subcommand too: options a subcommand does not
+  // know fall through to its parent. Subcommands inherit this when they are created.
+  app.fallthrough();
+  app.set_version_flag("--version", std::string(version()));
+  bool verbose = false, quiet = false;
+  app.add_flag("-v,--verbose", verbose, "log loading and backend choices");
+  app.add_flag("-q,--quiet", quiet, "log errors only");
+
+  cli::SegmentArgs seg;
+  cli::OptionValues seg_options;
+  CLI::App* s = add_segment_command(app, seg, seg_options);
+  ModelsCommand models;
+  add_models_command(app, models);
   auto* info = app.add_subcommand("info", "versions, threads and backends of this machine");
   serve::ServeCommand serve_command;
   auto* sv = serve::add_serve_command(app, serve_command);
@@ -300,30 +343,14 @@ int main(int argc, char** argv) try {
       seg.run = cli::run_options(seg_options);
       return cli::run_segment(seg, load_options);
     }
-    if (m->parsed()) {
+    if (models.app->parsed()) {
       cli::install_stop_handlers();
-      if (m_download->parsed()) return run_models_download(model_id, use_hf_token);
-      if (m_verify->parsed()) return run_models_verify(model_id);
-      if (m_path->parsed()) return run_models_path(model_id);
-      if (m_rm->parsed()) return run_models_rm(model_id);
-      return run_models_list();
+      return run_models(models);
     }
     if (info->parsed()) return run_info();
     if (sv->parsed()) return serve::run_serve(serve_command);
   } catch (...) {
-    const Error e = as_error(std::current_exception(), "sapiens-seg");
-    // Ctrl-C while the weights download: a cancel, not a failure (the .part file is kept).
-    if (g_cancel) {
-      const std::string what = e.what();
-      std::fprintf(stderr, "sapiens-seg: interrupted by %s (%s)%s\n", cli::stop_reason().c_str(),
-                   cli::plain_text(what.substr(0, what.find('\n'))).c_str(),
-                   e.code() == ErrorCode::kDownloadFailed
-                       ? "; the partial download is kept and the next run resumes it"
-                       : "");
-      return 128 + (cli::stop_signal() ? cli::stop_signal() : SIGINT);
-    }
-    print_error(e);
-    return exit_status(e.code());
+    return report_failure(std::current_exception());
   }
   return 0;
 } catch (...) {  // setting up the parser itself failed
