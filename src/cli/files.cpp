@@ -127,7 +127,8 @@ void write_file(const std::string& path, const std::function<void(std::FILE*)>& 
 void write_file(const std::string& path, const void* data, std::size_t size) {
   write_file(path, [&](std::FILE* f) {
     if (size > 0 && std::fwrite(data, 1, size, f) != size) {
-      throw Error(ErrorCode::kIo, "cannot write " + path + ": write failed (" + reason(errno) + ")");
+      throw Error(ErrorCode::kIo,
+                  "cannot write " + path + ": write failed (" + reason(errno) + ")");
     }
   });
 }
@@ -146,8 +147,9 @@ void write_image(const std::string& path, const cv::Mat& image) {
     why = e.what();
   }
   if (!ok) {
-    throw Error(ErrorCode::kIo, "cannot write " + path + ": " +
-                                    (why.empty() ? "cannot encode the image" : "cannot encode: " + why));
+    throw Error(ErrorCode::kIo,
+                "cannot write " + path + ": " +
+                    (why.empty() ? "cannot encode the image" : "cannot encode: " + why));
   }
   write_file(path, bytes.data(), bytes.size());
 }
@@ -256,7 +258,8 @@ OutDirLock::OutDirLock(const std::string& dir) : path_((fs::path(dir) / kLockNam
     }
     // The previous holder may have removed the file between our open and our lock: then we
     // hold a lock on a file nobody else can find. Lock the file that is there.
-    struct stat held {}, there {};
+    struct stat held {
+    }, there{};
     if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &there) == 0 &&
         held.st_ino == there.st_ino && held.st_dev == there.st_dev) {
       char host[256] = "?";
@@ -265,8 +268,7 @@ OutDirLock::OutDirLock(const std::string& dir) : path_((fs::path(dir) / kLockNam
       const std::time_t now = std::time(nullptr);
       std::tm tm{};
       if (::gmtime_r(&now, &tm)) std::strftime(since, sizeof since, "%Y-%m-%d %H:%M:%S UTC", &tm);
-      const std::string text =
-          std::to_string(::getpid()) + " " + host + " " + since + "\n";
+      const std::string text = std::to_string(::getpid()) + " " + host + " " + since + "\n";
       // Who holds it, for the message of a second run; a full disk leaves it empty, harmlessly.
       if (::ftruncate(fd_, 0) == 0) {
         [[maybe_unused]] const ssize_t n = ::pwrite(fd_, text.data(), text.size(), 0);

@@ -41,7 +41,8 @@ const std::vector<at::ScalarType> kDtypes{at::kFloat, at::kBFloat16};
 // Bit equality (NaN payloads and signed zeros included), with where the first difference is.
 ::testing::AssertionResult same_bits(const at::Tensor& got, const at::Tensor& want) {
   if (got.sizes() != want.sizes()) {
-    return ::testing::AssertionFailure() << "shapes differ: " << got.sizes() << " vs " << want.sizes();
+    return ::testing::AssertionFailure()
+           << "shapes differ: " << got.sizes() << " vs " << want.sizes();
   }
   if (got.scalar_type() != want.scalar_type()) {
     return ::testing::AssertionFailure() << "dtypes differ";
@@ -167,39 +168,37 @@ TEST(UnitFusedPasses, RmsNormIsLibTorchsBitForBit) {
 // with the following at::rms_norm, in one pass; in place into p as the network runs it.
 TEST(UnitFusedPasses, ResidualAddAndNormAreLibTorchsBitForBit) {
   for (const auto dtype : kDtypes) {
-  for (const int64_t D : {1024, 80, 20, 7}) {
-    const at::Tensor x = activations({2, 41, D}, 300 + D).to(dtype);
-    const at::Tensor p = (activations({2, 41, D}, 400 + D) * 0.1).to(dtype);
-    const at::Tensor gamma = (at::rand({D}) + 0.5).to(dtype), w = (at::rand({D}) + 0.5).to(dtype);
-    for (const bool with_gamma : {true, false}) {
-      const at::Tensor z_want = with_gamma ? x + p.mul(gamma) : x + p;
-      const at::Tensor h_want = rms_ref(z_want, w);
-      at::Tensor z = p.clone(), h = at::empty_like(x);
-      core::v2::fused_add_rms_norm(z, x, z, with_gamma ? gamma : at::Tensor(), w, kEps, h);
-      EXPECT_TRUE(same_bits(z, z_want)) << "D " << D << " gamma " << with_gamma << " " << dtype;
-      EXPECT_TRUE(same_bits(h, h_want)) << "D " << D << " gamma " << with_gamma << " " << dtype;
-      // Without a norm (the last block of a range): only the add.
-      at::Tensor z2 = at::empty_like(x);
-      core::v2::fused_add_rms_norm(z2, x, p, with_gamma ? gamma : at::Tensor(), at::Tensor(), kEps,
-                                 at::Tensor());
-      EXPECT_TRUE(same_bits(z2, z_want)) << "D " << D;
+    for (const int64_t D : {1024, 80, 20, 7}) {
+      const at::Tensor x = activations({2, 41, D}, 300 + D).to(dtype);
+      const at::Tensor p = (activations({2, 41, D}, 400 + D) * 0.1).to(dtype);
+      const at::Tensor gamma = (at::rand({D}) + 0.5).to(dtype), w = (at::rand({D}) + 0.5).to(dtype);
+      for (const bool with_gamma : {true, false}) {
+        const at::Tensor z_want = with_gamma ? x + p.mul(gamma) : x + p;
+        const at::Tensor h_want = rms_ref(z_want, w);
+        at::Tensor z = p.clone(), h = at::empty_like(x);
+        core::v2::fused_add_rms_norm(z, x, z, with_gamma ? gamma : at::Tensor(), w, kEps, h);
+        EXPECT_TRUE(same_bits(z, z_want)) << "D " << D << " gamma " << with_gamma << " " << dtype;
+        EXPECT_TRUE(same_bits(h, h_want)) << "D " << D << " gamma " << with_gamma << " " << dtype;
+        // Without a norm (the last block of a range): only the add.
+        at::Tensor z2 = at::empty_like(x);
+        core::v2::fused_add_rms_norm(z2, x, p, with_gamma ? gamma : at::Tensor(), at::Tensor(),
+                                     kEps, at::Tensor());
+        EXPECT_TRUE(same_bits(z2, z_want)) << "D " << D;
+      }
+      if (dtype != at::kFloat) continue;
+      // A contracted multiply-add (x + p * gamma rounded once) gives other bits on these inputs.
+      at::Tensor fused = at::empty_like(x);
+      const at::Tensor gx = gamma.expand_as(x).contiguous();
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        fused.data_ptr<float>()[i] =
+            std::fma(p.data_ptr<float>()[i], gx.data_ptr<float>()[i], x.data_ptr<float>()[i]);
+      }
+      EXPECT_GT(count_different(fused, x + p.mul(gamma)), 0) << "D " << D;
     }
-    if (dtype != at::kFloat) continue;
-    // A contracted multiply-add (x + p * gamma rounded once) gives other bits on these inputs.
-    at::Tensor fused = at::empty_like(x);
-    const at::Tensor gx = gamma.expand_as(x).contiguous();
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      fused.data_ptr<float>()[i] =
-          std::fma(p.data_ptr<float>()[i], gx.data_ptr<float>()[i], x.data_ptr<float>()[i]);
-    }
-    EXPECT_GT(count_different(fused, x + p.mul(gamma)), 0) << "D " << D;
-  }
   }
   const at::Tensor x = at::randn({4, 8});
   test::expect_error(
-      [&] {
-        core::v2::fused_add_rms_norm(x, x, x, at::Tensor(), at::ones({8}), kEps, x);
-      },
+      [&] { core::v2::fused_add_rms_norm(x, x, x, at::Tensor(), at::ones({8}), kEps, x); },
       ErrorCode::kInvalidInput, {"alias"});
 }
 
@@ -215,44 +214,43 @@ TEST(UnitFusedPasses, QkNormAndRopeAreTheModulesBitForBit) {
                        Case{2, 9 + 12, 4, 20, 9, 1, 4, 3}, Case{1, 9 + 12, 2, 20, 9, 2, 3, 4},
                        Case{1, 9 + 20, 3, 76, 9, 1, 5, 4}, Case{1, 9 + 30, 2, 80, 9, 2, 6, 5}}) {
     const std::string what = "B " + std::to_string(c.B) + " heads " + std::to_string(c.heads) +
-                              " hd " + std::to_string(c.hd) + " repeat " +
-                              std::to_string(c.repeat);
-  for (const auto dtype : kDtypes) {
-    const at::Tensor proj =
-        activations({c.B, c.N, c.heads * c.hd}, 500 + c.hd + c.heads).to(dtype);
-    const at::Tensor w = (at::rand({c.hd}) + 0.5).to(dtype);
-    const auto bf = at::TensorOptions().dtype(at::kBFloat16);
-    const at::Tensor periods =
-        at::pow(c10::Scalar(100), at::arange(c.hd / 4, bf).mul(2).div(c.hd / 2));
-    const auto [cos, sin] = core::v2::rope_tables(periods, c.gh, c.gw);
-    // The module: heads as [B, heads, N, hd] views, rms_norm, RoPE, then the expansion.
-    const at::Tensor t = proj.view({c.B, c.N, c.heads, c.hd}).transpose(1, 2);
-    at::Tensor want = rope_ref(rms_ref(t, w), cos, sin, c.pre);
-    if (c.repeat > 1) want = want.repeat_interleave(c.repeat, 1);
-    at::Tensor got = at::full({c.B, c.heads * c.repeat, c.N, c.hd}, 7.0, proj.options());
-    core::v2::fused_qk_norm_rope(got, proj, c.heads, w, kEps, cos, sin, c.pre, c.repeat);
-    EXPECT_TRUE(same_bits(got, want)) << what << " " << dtype;
-    if (dtype != at::kFloat) continue;
-    // The module's three bf16 roundings matter here: RoPE with the products kept in float32 and
-    // only the sum rounded gives other bits.
-    const at::Tensor tb = rms_ref(t, w).to(at::kBFloat16).to(at::kFloat);
-    const at::Tensor pb = tb.narrow(2, c.pre, c.N - c.pre);
-    const at::Tensor loose =
-        (pb * cos.to(at::kFloat) + core::v2::rotate_half(pb) * sin.to(at::kFloat))
-            .to(at::kBFloat16)
-            .to(at::kFloat);
-    EXPECT_GT(count_different(loose, rope_ref(rms_ref(t, w), cos, sin, c.pre)
-                                         .narrow(2, c.pre, c.N - c.pre)),
-              0)
-        << what;
-  }
+                             " hd " + std::to_string(c.hd) + " repeat " + std::to_string(c.repeat);
+    for (const auto dtype : kDtypes) {
+      const at::Tensor proj =
+          activations({c.B, c.N, c.heads * c.hd}, 500 + c.hd + c.heads).to(dtype);
+      const at::Tensor w = (at::rand({c.hd}) + 0.5).to(dtype);
+      const auto bf = at::TensorOptions().dtype(at::kBFloat16);
+      const at::Tensor periods =
+          at::pow(c10::Scalar(100), at::arange(c.hd / 4, bf).mul(2).div(c.hd / 2));
+      const auto [cos, sin] = core::v2::rope_tables(periods, c.gh, c.gw);
+      // The module: heads as [B, heads, N, hd] views, rms_norm, RoPE, then the expansion.
+      const at::Tensor t = proj.view({c.B, c.N, c.heads, c.hd}).transpose(1, 2);
+      at::Tensor want = rope_ref(rms_ref(t, w), cos, sin, c.pre);
+      if (c.repeat > 1) want = want.repeat_interleave(c.repeat, 1);
+      at::Tensor got = at::full({c.B, c.heads * c.repeat, c.N, c.hd}, 7.0, proj.options());
+      core::v2::fused_qk_norm_rope(got, proj, c.heads, w, kEps, cos, sin, c.pre, c.repeat);
+      EXPECT_TRUE(same_bits(got, want)) << what << " " << dtype;
+      if (dtype != at::kFloat) continue;
+      // The module's three bf16 roundings matter here: RoPE with the products kept in float32 and
+      // only the sum rounded gives other bits.
+      const at::Tensor tb = rms_ref(t, w).to(at::kBFloat16).to(at::kFloat);
+      const at::Tensor pb = tb.narrow(2, c.pre, c.N - c.pre);
+      const at::Tensor loose =
+          (pb * cos.to(at::kFloat) + core::v2::rotate_half(pb) * sin.to(at::kFloat))
+              .to(at::kBFloat16)
+              .to(at::kFloat);
+      EXPECT_GT(count_different(
+                    loose, rope_ref(rms_ref(t, w), cos, sin, c.pre).narrow(2, c.pre, c.N - c.pre)),
+                0)
+          << what;
+    }
   }
   const at::Tensor proj = at::randn({1, 5, 8});
   const auto bf = at::TensorOptions().dtype(at::kBFloat16);
   test::expect_error(
       [&] {
         core::v2::fused_qk_norm_rope(at::empty({1, 2, 5, 4}), proj, 2, at::ones({4}), kEps,
-                                   at::zeros({5, 4}, bf), at::zeros({4, 4}, bf), 0, 1);
+                                     at::zeros({5, 4}, bf), at::zeros({4, 4}, bf), 0, 1);
       },
       ErrorCode::kInvalidInput, {"cos and sin"});
 }
@@ -266,8 +264,14 @@ TEST(UnitFusedPasses, SwigluIsTheModulesBitForBitAtEveryThreadCount) {
   for (const int nt : {1, 2, 3}) {
     at::set_num_threads(nt);
     // 0.4b's width; widths with a tail after the pairs of vectors; maps under and over the grain.
-    for (const auto& [rows, F] : std::vector<std::pair<int64_t, int64_t>>{
-             {3081, 4096}, {37, 1000}, {57, 320}, {131, 40}, {77, 60}, {5, 7}, {1100, 33}, {3, 4096}}) {
+    for (const auto& [rows, F] : std::vector<std::pair<int64_t, int64_t>>{{3081, 4096},
+                                                                          {37, 1000},
+                                                                          {57, 320},
+                                                                          {131, 40},
+                                                                          {77, 60},
+                                                                          {5, 7},
+                                                                          {1100, 33},
+                                                                          {3, 4096}}) {
       for (const auto dtype : kDtypes) {
         const at::Tensor g3 = (activations({1, rows, 2 * F}, 600 + F + rows) * 2).to(dtype);
         const auto halves = g3.chunk(2, -1);
@@ -295,8 +299,11 @@ TEST(UnitFusedPasses, SwigluIsTheModulesBitForBitAtEveryThreadCount) {
   }
   at::set_num_threads(threads);
   EXPECT_GT(tail_formula_matters, 0);
-  test::expect_error([] { core::v2::fused_swiglu(at::empty({2, 3}), at::randn({2, 8})); },
-                     ErrorCode::kInvalidInput, {"[rows, 2F]"});
+  test::expect_error(
+      [] {
+        core::v2::fused_swiglu(at::empty({2, 3}), at::randn({2, 8}));
+      },
+      ErrorCode::kInvalidInput, {"[rows, 2F]"});
 }
 
 // The whole network in float32 and bfloat16: the fused blocks and final norm against the module's
@@ -306,46 +313,49 @@ TEST(UnitFusedPasses, Sapiens2NetworkIsBitIdenticalWithTheFusionOnAndOff) {
   const core::TensorMap t = core::v2::to_original_names(
       core::SafetensorsFile::open(fixture("s2_tiny.safetensors")).all());
   for (const auto dtype : kDtypes) {
-  // LibTorch's bf16 attention reaches AMX tiles through code of its AVX512 build only (under a
-  // lowered ATEN_CPU_CAPABILITY it throws "pack_vnni2 is only supported when avx512 is
-  // supported"): there the bf16 network runs the library's attention kernel, both ways alike, or
-  // is skipped where that cannot run either.
-  std::string attention = "";
-  if (dtype == at::kBFloat16 && arith::libtorch_isa() != arith::Isa::kAvx512) {
-    if (!core::attention::cpu_attention_runs(core::attention::CpuAttentionPath::kAvx512Bf16,
-                                             at::kBFloat16, 20)) {
-      continue;
+    // LibTorch's bf16 attention reaches AMX tiles through code of its AVX512 build only (under a
+    // lowered ATEN_CPU_CAPABILITY it throws "pack_vnni2 is only supported when avx512 is
+    // supported"): there the bf16 network runs the library's attention kernel, both ways alike, or
+    // is skipped where that cannot run either.
+    std::string attention = "";
+    if (dtype == at::kBFloat16 && arith::libtorch_isa() != arith::Isa::kAvx512) {
+      if (!core::attention::cpu_attention_runs(core::attention::CpuAttentionPath::kAvx512Bf16,
+                                               at::kBFloat16, 20)) {
+        continue;
+      }
+      attention = "kernel";
     }
-    attention = "kernel";
-  }
-  if (!attention.empty()) ::setenv("SAPIENS_SEG_CPU_ATTENTION", attention.c_str(), 1);
-  for (const auto& [B, h, w] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {2, 128, 96}, {1, 1024, 768}}) {
-    core::v2::ConfigHints hints;
-    hints.input_h = h;
-    hints.input_w = w;
-    const core::v2::Network net(t, core::v2::infer_config(t, hints), at::kCPU, dtype);
-    at::manual_seed(11);
-    const at::Tensor x = at::randn({B, 3, h, w});
-    const at::Tensor tokens = net.embed(x);
-    ::setenv("SAPIENS_SEG_CPU_FUSE", "off", 1);
-    const at::Tensor ref_blocks = net.blocks(tokens, 0, net.config().depth);
-    const at::Tensor ref_norm = net.final_norm(ref_blocks);
-    const at::Tensor ref_mid = net.blocks(tokens, 3, 9);  // a range that starts and ends inside
-    ::setenv("SAPIENS_SEG_CPU_FUSE", "on", 1);
-    const at::Tensor tokens_before = tokens.clone();
-    const at::Tensor got_blocks = net.blocks(tokens, 0, net.config().depth);
-    EXPECT_TRUE(same_bits(got_blocks, ref_blocks)) << h << "x" << w << " " << dtype;
-    EXPECT_TRUE(same_bits(net.final_norm(got_blocks), ref_norm)) << h << "x" << w << " " << dtype;
-    EXPECT_TRUE(same_bits(net.blocks(tokens, 3, 9), ref_mid)) << h << "x" << w << " " << dtype;
-    EXPECT_TRUE(same_bits(tokens, tokens_before)) << "the caller's tokens were written";
-    ::unsetenv("SAPIENS_SEG_CPU_FUSE");
-  }
-  ::unsetenv("SAPIENS_SEG_CPU_ATTENTION");
+    if (!attention.empty()) ::setenv("SAPIENS_SEG_CPU_ATTENTION", attention.c_str(), 1);
+    for (const auto& [B, h, w] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 128, 96}, {1, 1024, 768}}) {
+      core::v2::ConfigHints hints;
+      hints.input_h = h;
+      hints.input_w = w;
+      const core::v2::Network net(t, core::v2::infer_config(t, hints), at::kCPU, dtype);
+      at::manual_seed(11);
+      const at::Tensor x = at::randn({B, 3, h, w});
+      const at::Tensor tokens = net.embed(x);
+      ::setenv("SAPIENS_SEG_CPU_FUSE", "off", 1);
+      const at::Tensor ref_blocks = net.blocks(tokens, 0, net.config().depth);
+      const at::Tensor ref_norm = net.final_norm(ref_blocks);
+      const at::Tensor ref_mid = net.blocks(tokens, 3, 9);  // a range that starts and ends inside
+      ::setenv("SAPIENS_SEG_CPU_FUSE", "on", 1);
+      const at::Tensor tokens_before = tokens.clone();
+      const at::Tensor got_blocks = net.blocks(tokens, 0, net.config().depth);
+      EXPECT_TRUE(same_bits(got_blocks, ref_blocks)) << h << "x" << w << " " << dtype;
+      EXPECT_TRUE(same_bits(net.final_norm(got_blocks), ref_norm)) << h << "x" << w << " " << dtype;
+      EXPECT_TRUE(same_bits(net.blocks(tokens, 3, 9), ref_mid)) << h << "x" << w << " " << dtype;
+      EXPECT_TRUE(same_bits(tokens, tokens_before)) << "the caller's tokens were written";
+      ::unsetenv("SAPIENS_SEG_CPU_FUSE");
+    }
+    ::unsetenv("SAPIENS_SEG_CPU_ATTENTION");
   }
   ::setenv("SAPIENS_SEG_CPU_FUSE", "sometimes", 1);
   const core::v2::Network net(t, core::v2::infer_config(t, {}), at::kCPU, at::kFloat);
-  test::expect_error([&] { net.final_norm(at::randn({1, 4, 80})); }, ErrorCode::kInvalidInput,
-                     {"SAPIENS_SEG_CPU_FUSE"});
+  test::expect_error(
+      [&] {
+        net.final_norm(at::randn({1, 4, 80}));
+      },
+      ErrorCode::kInvalidInput, {"SAPIENS_SEG_CPU_FUSE"});
   ::unsetenv("SAPIENS_SEG_CPU_FUSE");
 }

@@ -136,8 +136,8 @@ struct V {
     __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
     r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
     const __m256 nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
-    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
-                            nan);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r),
+                            _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
   }
   static T load_bf16(const uint16_t* p) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

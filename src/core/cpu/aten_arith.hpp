@@ -12,7 +12,8 @@
 //    levels of 16 steps, combined chain after chain, then the elements past the last whole vector
 //    and the lanes one by one. Rows shorter than a vector take the same cascade over scalars. The
 //    order depends on the lane count, so the lanes follow LibTorch's build.
-//  - SiLU: x / (1 + exp(-x)); in whole pairs of vectors (Vectorized<float> or <BFloat16>) exp is SLEEF's expf (u10, the function
+//  - SiLU: x / (1 + exp(-x)); in whole pairs of vectors (Vectorized<float> or <BFloat16>) exp is
+//  SLEEF's expf (u10, the function
 //    LibTorch's Vectorized<float>::exp calls, from LibTorch's own library), and the elements past
 //    the last pair take the scalar std::exp. Which elements those are depends on how LibTorch's
 //    TensorIterator splits the map between threads (swiglu_range below).
@@ -39,7 +40,8 @@ Isa libtorch_isa();
 // LibTorch's Vectorized<float>::size() in that build: 8, 8 or 16.
 int64_t lanes(Isa isa);
 
-// The element grain LibTorch's TensorIterator splits elementwise work by (at::internal::GRAIN_SIZE).
+// The element grain LibTorch's TensorIterator splits elementwise work by
+// (at::internal::GRAIN_SIZE).
 inline constexpr int64_t kGrain = 32768;
 
 // Row kernels of one build, over rows of S: float (float32 maps) or std::uint16_t (bf16 maps as raw

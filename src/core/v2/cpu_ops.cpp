@@ -218,9 +218,9 @@ namespace arith = cpu::aten_arith;
 // A contiguous CPU map of the fused passes' dtype (float32 or bf16), all operands alike.
 void need_map(const at::Tensor& t, at::ScalarType dtype, const char* what, const char* fn) {
   if (!t.device().is_cpu() || t.scalar_type() != dtype || !t.is_contiguous()) {
-    throw Error(ErrorCode::kInvalidInput,
-                std::string(fn) + ": " + what + " must be a contiguous CPU tensor of the map's " +
-                    "dtype (float32 or bfloat16)");
+    throw Error(ErrorCode::kInvalidInput, std::string(fn) + ": " + what +
+                                              " must be a contiguous CPU tensor of the map's " +
+                                              "dtype (float32 or bfloat16)");
   }
 }
 
@@ -282,7 +282,8 @@ void fused_rms_norm(const at::Tensor& y, const at::Tensor& x, const at::Tensor& 
   need_map(w, t, "the weight", fn);
   need_same_shape(x, y, "x and y", fn);
   const int64_t D = x.dim() > 0 ? x.size(-1) : 1, rows = D > 0 ? x.numel() / D : 0;
-  if (w.numel() != D) throw Error(ErrorCode::kInvalidInput, "fused_rms_norm: weight of the wrong size");
+  if (w.numel() != D)
+    throw Error(ErrorCode::kInvalidInput, "fused_rms_norm: weight of the wrong size");
   const auto e = static_cast<float>(eps);  // rms_norm takes eps as a float for these dtypes
   by_dtype(t, [&](auto tag) {
     using S = decltype(tag);
@@ -335,8 +336,7 @@ void fused_add_rms_norm(const at::Tensor& z, const at::Tensor& x, const at::Tens
     S* hp = w.defined() ? mptr<S>(h) : nullptr;
     at::parallel_for(0, rows, row_grain(D), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        k.add_rms_norm(xp + r * D, pp + r * D, gp, zp + r * D, wp, e, hp ? hp + r * D : nullptr,
-                       D);
+        k.add_rms_norm(xp + r * D, pp + r * D, gp, zp + r * D, wp, e, hp ? hp + r * D : nullptr, D);
       }
     });
   });
