@@ -20,7 +20,8 @@ import ray
 import ray.data
 
 from .. import _core
-from ..segmentation import OPTION_SPECS, option_default
+from .._option_flags import add_option_flags
+from ..segmentation import OPTION_SPECS
 from ..errors import ErrorCode
 from ._segmenter import segment_dataset
 from ._storage import _absolute, _is_uri, _resolve, _write_file
@@ -66,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output folder or URI")
     p.add_argument("-m", "--model", default=_core.default_model(),
                    help="card id or checkpoint path (default: %(default)s)")
-    _add_option_flags(p)
+    # One flag per row of the library's option table (load, segment and run options).
+    add_option_flags(p, meanings=_ACTOR_MEANING)
     p.add_argument("--concurrency", type=int, default=None,
                    help="actors (each holds a copy of the model; default: as many as fit)")
     p.add_argument("--gpus-per-actor", type=float, default=0.0,
@@ -90,25 +92,6 @@ def _parser() -> argparse.ArgumentParser:
 # In an actor, these options at their defaults mean the actor's own resources.
 _ACTOR_MEANING = {"device": "the GPU Ray assigned to the actor, else the CPU",
                   "threads": "the CPUs Ray assigned to the actor"}
-
-
-def _add_option_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per row of the library's option table (load, segment and run options), named
-    and defaulted as the CLI's (``--accept-noncommercial``, ``--batch-size``, ...)."""
-    for spec in OPTION_SPECS:
-        flag = "--" + spec["name"].replace("_", "-")
-        help_text = spec["help"] + (f"; default: {_ACTOR_MEANING[spec['name']]}"
-                                    if spec["name"] in _ACTOR_MEANING else "")
-        default = option_default(spec["name"])
-        if spec["type"] == "bool":
-            p.add_argument(flag, action="store_true", default=default, help=help_text)
-        elif spec["type"] == "int":
-            p.add_argument(flag, type=int, default=default, help=help_text + " (%(default)s)")
-        elif spec["type"] == "choice":
-            p.add_argument(flag, default=default, choices=spec["choices"],
-                           help=help_text + " (%(default)s)")
-        else:
-            p.add_argument(flag, default=default, help=help_text)
 
 
 def _options_of(args: argparse.Namespace) -> dict[str, Any]:

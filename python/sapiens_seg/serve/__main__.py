@@ -11,7 +11,8 @@ import threading
 from typing import Any
 
 from .. import _core
-from ..segmentation import OPTION_SPECS, option_default
+from .._option_flags import add_option_flags
+from ..segmentation import OPTION_SPECS
 from . import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_PIXELS,
                DEFAULT_MAX_QUEUE, DEFAULT_PREPARE_THREADS, DEFAULT_BATCH_SIZE, build_app)
 
@@ -58,22 +59,8 @@ def _parser() -> argparse.ArgumentParser:
                         "requests")
     p.add_argument("--prepare-threads", type=int, default=DEFAULT_PREPARE_THREADS,
                    help="threads per replica that decode and resize (default: %(default)s)")
-    for spec in OPTION_SPECS:
-        if spec["group"] == "run":  # the network batch is --max-batch here
-            continue
-        flag = "--" + spec["name"].replace("_", "-")
-        help_text = spec["help"] + (f"; default: {_REPLICA_MEANING[spec['name']]}"
-                                    if spec["name"] in _REPLICA_MEANING else "")
-        default = option_default(spec["name"])
-        if spec["type"] == "bool":
-            p.add_argument(flag, action="store_true", default=default, help=help_text)
-        elif spec["type"] == "int":
-            p.add_argument(flag, type=int, default=default, help=help_text + " (%(default)s)")
-        elif spec["type"] == "choice":
-            p.add_argument(flag, default=default, choices=spec["choices"],
-                           help=help_text + " (%(default)s)")
-        else:
-            p.add_argument(flag, default=default, help=help_text)
+    # The network batch is --max-batch here, so the run options are not flags.
+    add_option_flags(p, skip_groups=("run",), meanings=_REPLICA_MEANING)
     return p
 
 
