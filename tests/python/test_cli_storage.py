@@ -57,6 +57,17 @@ def noise_image(path: Path, h: int, w: int, seed: int) -> None:
     assert cv2.imwrite(str(path), (rng.random((h, w, 3)) * 255).astype(np.uint8))
 
 
+def noise_video(path: Path, seconds: int) -> Path:
+    """A 160x120 H.264 clip of random pixels at 10 frames a second (incompressible: its outputs
+    are large). Skips without ffmpeg."""
+    if FFMPEG is None:
+        pytest.skip("ffmpeg (Debian package ffmpeg) is needed to make the video")
+    subprocess.run([FFMPEG, "-v", "error", "-f", "lavfi", "-i",
+                    f"nullsrc=s=160x120:r=10:d={seconds},geq=random(1)*255:128:128", "-c:v",
+                    "libx264", "-pix_fmt", "yuv420p", str(path)], check=True, timeout=60)
+    return path
+
+
 def temp_files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if ".tmp" in p.name or "partial" in p.name]
 
@@ -160,12 +171,7 @@ def test_a_disk_with_no_space_left_writes_nothing_partial(small_fs, photos):
 
 
 def test_label_frames_on_a_disk_that_fills(small_fs, tmp_path):
-    if FFMPEG is None:
-        pytest.skip("ffmpeg (Debian package ffmpeg) is needed to make the video")
-    clip = tmp_path / "noise.mp4"
-    subprocess.run([FFMPEG, "-v", "error", "-f", "lavfi", "-i",
-                    "nullsrc=s=160x120:r=10:d=4,geq=random(1)*255:128:128", "-c:v", "libx264",
-                    "-pix_fmt", "yuv420p", str(clip)], check=True, timeout=60)
+    clip = noise_video(tmp_path / "noise.mp4", seconds=4)
     out = small_fs(96 * 1024)  # ~20 KB per frame's labels: some frames fit
     r = cli("segment", clip, "-o", out, "--model", TINY, "--save", "labels,overlay,json",
             "--batch-size", "8")
@@ -226,12 +232,7 @@ def test_a_file_size_limit_fails_the_large_outputs_not_the_run(photos, tmp_path)
 
 
 def test_an_overlay_video_over_the_file_size_limit_is_not_kept(tmp_path):
-    if FFMPEG is None:
-        pytest.skip("ffmpeg (Debian package ffmpeg) is needed to make the video")
-    clip = tmp_path / "noise.mp4"
-    subprocess.run([FFMPEG, "-v", "error", "-f", "lavfi", "-i",
-                    "nullsrc=s=160x120:r=10:d=3,geq=random(1)*255:128:128", "-c:v", "libx264",
-                    "-pix_fmt", "yuv420p", str(clip)], check=True, timeout=60)
+    clip = noise_video(tmp_path / "noise.mp4", seconds=3)
     out = tmp_path / "out"
     r = cli("segment", clip, "-o", out, "--model", TINY, "--save", "overlay,json",
             "--codec", "mp4v", fsize=48 * 1024)
