@@ -230,6 +230,11 @@ TEST(UnitFusedPasses, QkNormAndRopeAreTheModulesBitForBit) {
       at::Tensor got = at::full({c.B, c.heads * c.repeat, c.N, c.hd}, 7.0, proj.options());
       core::v2::fused_qk_norm_rope(got, proj, c.heads, w, kEps, cos, sin, c.pre, c.repeat);
       EXPECT_TRUE(same_bits(got, want)) << what << " " << dtype;
+      // Token-major, as the network writes q: the same values at other addresses.
+      const at::Tensor tokens =
+          at::full({c.B, c.N, c.heads * c.repeat, c.hd}, 7.0, proj.options()).transpose(1, 2);
+      core::v2::fused_qk_norm_rope(tokens, proj, c.heads, w, kEps, cos, sin, c.pre, c.repeat);
+      EXPECT_TRUE(same_bits(tokens, want)) << what << " token-major " << dtype;
       if (dtype != at::kFloat) continue;
       // The module's three bf16 roundings matter here: RoPE with the products kept in float32 and
       // only the sum rounded gives other bits.
@@ -253,6 +258,13 @@ TEST(UnitFusedPasses, QkNormAndRopeAreTheModulesBitForBit) {
                                      at::zeros({5, 4}, bf), at::zeros({4, 4}, bf), 0, 1);
       },
       ErrorCode::kInvalidInput, {"cos and sin"});
+  test::expect_error(
+      [&] {
+        core::v2::fused_qk_norm_rope(at::empty({1, 2, 4, 5}).transpose(2, 3), proj, 2,
+                                     at::ones({4}), kEps, at::zeros({5, 4}, bf),
+                                     at::zeros({5, 4}, bf), 0, 1);
+      },
+      ErrorCode::kInvalidInput, {"contiguous rows"});
 }
 
 // silu(g[:, :F]) * g[:, F:]: SLEEF's exp in pairs of vectors, std::exp in each run's tail, where

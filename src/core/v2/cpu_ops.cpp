@@ -347,7 +347,13 @@ void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t h
                         const at::Tensor& sin, int64_t pre, int64_t repeat) {
   const char* fn = "fused_qk_norm_rope";
   const at::ScalarType dt = map_dtype(proj, fn);
-  need_map(out, dt, "out", fn);
+  // out may be a head-major [B, H, N, hd] map or a token-major one's transposed view ([B, N, H,
+  // hd] in memory, what LibTorch's attention then writes its output like): rows of hd contiguous.
+  if (!out.device().is_cpu() || out.scalar_type() != dt || out.dim() != 4 || out.stride(3) != 1) {
+    throw Error(ErrorCode::kInvalidInput,
+                "fused_qk_norm_rope: out must be a CPU tensor of the map's dtype with contiguous "
+                "rows of hd");
+  }
   need_map(proj, dt, "the projection", fn);
   need_map(w, dt, "the weight", fn);
   if (proj.dim() != 3 || heads <= 0 || repeat <= 0 || proj.size(2) % heads != 0) {
@@ -374,7 +380,8 @@ void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t h
   const auto* cp = reinterpret_cast<const std::uint16_t*>(cos.const_data_ptr<at::BFloat16>());
   const auto* sp = reinterpret_cast<const std::uint16_t*>(sin.const_data_ptr<at::BFloat16>());
   const auto e = static_cast<float>(eps);
-  const int64_t C = heads * hd, H = heads * repeat;
+  const int64_t C = heads * hd;
+  const int64_t sb = out.stride(0), sh = out.stride(1), sn = out.stride(2);
   by_dtype(dt, [&](auto tag) {
     using S = decltype(tag);
     const arith::Kernels<S>& k = kernels_for<S>();
@@ -389,10 +396,10 @@ void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t h
         const std::uint16_t* c = rotated ? cp + (n - pre) * hd : nullptr;
         const std::uint16_t* s = rotated ? sp + (n - pre) * hd : nullptr;
         for (int64_t j = 0; j < heads; ++j) {
-          S* first = op + ((b * H + j * repeat) * N + n) * hd;
+          S* first = op + b * sb + j * repeat * sh + n * sn;
           k.qk_norm_rope(xp + t * C + j * hd, wp, e, c, s, first, hd);
           for (int64_t r = 1; r < repeat; ++r) {
-            std::memcpy(first + r * N * hd, first, static_cast<size_t>(hd) * sizeof(S));
+            std::memcpy(first + r * sh, first, static_cast<size_t>(hd) * sizeof(S));
           }
         }
       }

@@ -60,7 +60,10 @@ void fused_add_rms_norm(const at::Tensor& z, const at::Tensor& x, const at::Tens
 // t * cos + rotate_half(t) * sin in bf16 on the tokens from `pre` on (cos, sin: bf16 [N - pre,
 // hd]), and back to the map's dtype; written into out [B, heads * repeat, N, hd], each head
 // `repeat` times in a row (repeat_interleave over the heads, as grouped-query attention expands
-// k). Replaces about a dozen passes and copies.
+// k). out's rows of hd are contiguous, its other strides free: q is written token-major ([B, N,
+// heads, hd] in memory, viewed transposed), so that LibTorch's attention, which lays its output
+// out like q, returns the [B, N, heads * hd] rows the output projection reads without a copy.
+// Replaces about a dozen passes and copies.
 void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t heads,
                         const at::Tensor& w, double eps, const at::Tensor& cos,
                         const at::Tensor& sin, int64_t pre, int64_t repeat);

@@ -435,7 +435,8 @@ struct Network::Pass {
   at::Tensor h;        // the norm of the residual stream [B, N, C], the next GEMMs' input
   at::Tensor x[2];     // the residual stream, alternately (the caller's tokens are only read)
   at::Tensor q, k, v;  // the projections [M, C] (k and v use their leading M x kv*hd)
-  at::Tensor qr, kr;   // q and k normalised and rotated, [B, heads, N, hd] (kr: its leading part)
+  at::Tensor qr, kr;   // q and k normalised and rotated, [B, heads, N, hd] (q a view of [B, N,
+                       // heads, hd]; kr: its leading part)
   at::Tensor g, a, r;  // the MLP's maps: float32 [M, 2F] and [M, F]; bfloat16 row chunks
 };
 
@@ -491,7 +492,9 @@ at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end,
   pass.q = at::empty({M, C}, opt);
   pass.k = at::empty({M * C}, opt);
   pass.v = at::empty({M * C}, opt);
-  pass.qr = at::empty({B, c.heads, N, c.head_dim}, opt);
+  // q token-major: LibTorch's attention lays its output out like q, so the heads come back merged
+  // in the rows the output projection reads (a view, not a copy of the map per block).
+  pass.qr = at::empty({B, N, c.heads, c.head_dim}, opt).transpose(1, 2);
   pass.kr = at::empty({B * c.heads * N * c.head_dim}, opt);
   // float32: the MLP over all rows at once, the module's GEMM shapes (their roundings depend on
   // them); bfloat16: kMlpRows rows at a time, so that each chunk's [rows, 2F] map stays in cache
