@@ -14,6 +14,10 @@ norms (LayerNorm / RMSNorm / InstanceNorm), activations (GELU, SiLU), head convo
 (deconvolutions and 1x1 convolutions), data movement (copies, reshapes, transposes, concat) and
 the rest.
 
+With --gemm-shapes, every GEMM shape of the portable network's blocks and head (aten::addmm,
+grouped by input shapes) is also run alone on random data of the same shapes, dtype and threads,
+warm: `gemm_at_network_shapes` sets the network's GEMM time beside that ceiling at its own shapes.
+
 With --onednn-verbose CALLS (default 1), the portable columns run that many more calls under
 oneDNN's verbose log, summed per primitive (kind, implementation, problem) into
 `onednn_primitives`: what the profiler cannot split, such as the transposed convolutions inside
@@ -89,8 +93,47 @@ def onednn_primitives(log: str, calls: int) -> dict:
             for k, v in sorted(by.items(), key=lambda kv: -kv[1]["ms"])}
 
 
+def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> dict:
+    """Each aten::addmm shape of the network's calls (grouped by input shapes), run alone on the
+    same shapes, dtype and threads: bias [N], input [M, K], weight^T [K, N] into out [M, N] (an
+    out= call, as the network's), warm, the median of `repeats`. The network's GEMM time against
+    this ceiling at its own shapes says how much of the GEMM time is the GEMM itself and how much
+    is what the network's surroundings cost it (cold caches, page state, other threads)."""
+    tdt = getattr(torch, dtype)
+    rows, net_total, alone_total = [], 0.0, 0.0
+    g = torch.Generator().manual_seed(0)
+    for e in events:
+        if e.key != "aten::addmm" or len(e.input_shapes) < 3:
+            continue
+        bias, a, b = e.input_shapes[:3]
+        if len(bias) != 1 or len(a) != 2 or len(b) != 2:
+            continue
+        (M, K), N = a, b[1]
+        n = e.count / calls
+        net_ms = e.self_cpu_time_total / 1e3 / e.count
+        with torch.inference_mode():
+            xa = torch.randn(M, K, generator=g).to(tdt)
+            w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
+            bb = torch.randn(N, generator=g).to(tdt)
+            out = torch.empty(M, N, dtype=tdt)
+            torch.addmm(bb, xa, w.t(), out=out)
+            ts = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                torch.addmm(bb, xa, w.t(), out=out)
+                ts.append(time.perf_counter() - t0)
+        alone_ms = sorted(ts)[len(ts) // 2] * 1e3
+        rows.append({"m": M, "k": K, "n": N, "calls_per_forward": n, "network_ms": net_ms,
+                     "alone_ms": alone_ms, "network_over_alone": net_ms / alone_ms,
+                     "gflops_alone": 2 * M * K * N / alone_ms / 1e6})
+        net_total += n * net_ms
+        alone_total += n * alone_ms
+    return {"shapes": rows, "network_ms": net_total, "alone_ms": alone_total,
+            "network_over_alone": net_total / alone_total if alone_total else None}
+
+
 def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
-                     verbose_calls: int = 0) -> tuple[dict, dict]:
+                     verbose_calls: int = 0, gemm_shapes: bool = False) -> tuple[dict, dict]:
     import sapiens_seg  # noqa: PLC0415
     from sapiens_seg import segmentation  # noqa: PLC0415
 
@@ -101,7 +144,14 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
     h, w = x.shape[2:]
     img = (np.clip(x[0].transpose(1, 2, 0) * 50 + 128, 0, 255)).astype(np.uint8)
     m(img)  # warm-up
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    # The same calls unprofiled: the wall time holds what the profiler does not see as ATen ops
+    # (the library's own fused loops, resize, argmax), so total - ATen total is their share.
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        m(img)
+    wall_ms = (time.perf_counter() - t0) * 1e3 / calls
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=gemm_shapes) as prof:
         for _ in range(calls):
             m(img)
     by = collections.Counter()
@@ -109,6 +159,8 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
         if e.key.startswith("aten::") or e.key.startswith("mkldnn"):
             by[e.key] += e.self_cpu_time_total / 1e3 / calls
     primitives: dict = {}
+    gemms = (gemm_at_network_shapes(prof.key_averages(group_by_input_shape=True), calls, dtype)
+             if gemm_shapes else None)
     if verbose_calls:
         # oneDNN prints its verbose lines on the process's stdout (file descriptor 1): caught in a
         # file for these calls only.
@@ -128,6 +180,9 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
                 os.close(saved)
             cap.seek(0)
             primitives = onednn_primitives(cap.read(), verbose_calls)
+    if gemms is not None:
+        primitives["gemm_at_network_shapes"] = gemms
+    primitives["wall_ms"] = wall_ms
     del sapiens_seg
     return dict(by), primitives
 
@@ -194,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-peers", action="store_true",
                     help="the portable columns only (a second build's profile beside a run that "
                          "has the peers)")
+    ap.add_argument("--gemm-shapes", action="store_true",
+                    help="time every addmm shape of the portable network alone as well "
+                         "(`gemm_at_network_shapes`: the GEMM ceiling at the network's shapes)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.threads:
@@ -225,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for dt in args.dtypes.split(","):
             out["ms_per_call"][f"portable {dt}"], prims[f"portable {dt}"] = profile_portable(
-                args.model, x, args.calls, dt, args.onednn_verbose)
+                args.model, x, args.calls, dt, args.onednn_verbose, args.gemm_shapes)
+            out.setdefault("wall_ms_per_call", {})[f"portable {dt}"] = (
+                prims[f"portable {dt}"].pop("wall_ms"))
+            if "gemm_at_network_shapes" in prims[f"portable {dt}"]:
+                out.setdefault("gemm_at_network_shapes", {})[f"portable {dt}"] = (
+                    prims[f"portable {dt}"].pop("gemm_at_network_shapes"))
         if not args.skip_peers:
             out["ms_per_call"]["onnxruntime"] = profile_ort(args.onnx, x, args.calls, threads,
                                                             tmp)
@@ -252,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
             v = sum(d.values()) if k == "total" else d.get(k, 0.0)
             cells.append(f"{v:.0f}")
         print(f"| {k} | " + " | ".join(cells) + " |")
+    for col, ms in out.get("wall_ms_per_call", {}).items():
+        print(f"{col}: {ms:.0f} ms per call unprofiled (the ATen total above leaves out the "
+              f"library's own loops)")
+    for col, g in out.get("gemm_at_network_shapes", {}).items():
+        print(f"{col}: GEMMs {g['network_ms']:.0f} ms per call in the network, "
+              f"{g['alone_ms']:.0f} ms alone at the same shapes "
+              f"({g['network_over_alone']:.3f}x)")
     if any(prims.values()):
         out["onednn_primitives"] = {k: v for k, v in prims.items() if v}
     if args.json:
