@@ -98,7 +98,10 @@ def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> 
     same shapes, dtype and threads: bias [N], input [M, K], weight^T [K, N] into out [M, N] (an
     out= call, as the network's), warm, the median of `repeats`. The network's GEMM time against
     this ceiling at its own shapes says how much of the GEMM time is the GEMM itself and how much
-    is what the network's surroundings cost it (cold caches, page state, other threads)."""
+    is what the network's surroundings cost it (cold caches, page state, other threads). The
+    weight is passed as the transpose of an [N, K] matrix, as the blocks' linears pass theirs; the
+    CPU head's 1x1 convolutions pass a contiguous [K, N] one, which the profiler's shapes cannot
+    tell apart, so their rows (a few ms per call) are timed on the blocks' layout."""
     tdt = getattr(torch, dtype)
     rows, net_total, alone_total = [], 0.0, 0.0
     g = torch.Generator().manual_seed(0)
@@ -133,7 +136,10 @@ def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> 
 
 
 def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
-                     verbose_calls: int = 0, gemm_shapes: bool = False) -> tuple[dict, dict]:
+                     verbose_calls: int = 0,
+                     gemm_shapes: bool = False) -> tuple[dict, dict, dict]:
+    """ATen self time per op (ms per call), oneDNN's primitives, and the extras: the unprofiled
+    wall time per call and, with gemm_shapes, gemm_at_network_shapes."""
     import sapiens_seg  # noqa: PLC0415
     from sapiens_seg import segmentation  # noqa: PLC0415
 
@@ -159,8 +165,10 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
         if e.key.startswith("aten::") or e.key.startswith("mkldnn"):
             by[e.key] += e.self_cpu_time_total / 1e3 / calls
     primitives: dict = {}
-    gemms = (gemm_at_network_shapes(prof.key_averages(group_by_input_shape=True), calls, dtype)
-             if gemm_shapes else None)
+    extras: dict = {"wall_ms": wall_ms}
+    if gemm_shapes:
+        extras["gemm_at_network_shapes"] = gemm_at_network_shapes(
+            prof.key_averages(group_by_input_shape=True), calls, dtype)
     if verbose_calls:
         # oneDNN prints its verbose lines on the process's stdout (file descriptor 1): caught in a
         # file for these calls only.
@@ -180,11 +188,8 @@ def profile_portable(model: str, x: np.ndarray, calls: int, dtype: str,
                 os.close(saved)
             cap.seek(0)
             primitives = onednn_primitives(cap.read(), verbose_calls)
-    if gemms is not None:
-        primitives["gemm_at_network_shapes"] = gemms
-    primitives["wall_ms"] = wall_ms
     del sapiens_seg
-    return dict(by), primitives
+    return dict(by), primitives, extras
 
 
 def profile_ort(onnx: str, x: np.ndarray, calls: int, threads: int, tmp: str) -> dict:
@@ -282,13 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     prims = {}
     with tempfile.TemporaryDirectory() as tmp:
         for dt in args.dtypes.split(","):
-            out["ms_per_call"][f"portable {dt}"], prims[f"portable {dt}"] = profile_portable(
+            col = f"portable {dt}"
+            out["ms_per_call"][col], prims[col], extras = profile_portable(
                 args.model, x, args.calls, dt, args.onednn_verbose, args.gemm_shapes)
-            out.setdefault("wall_ms_per_call", {})[f"portable {dt}"] = (
-                prims[f"portable {dt}"].pop("wall_ms"))
-            if "gemm_at_network_shapes" in prims[f"portable {dt}"]:
-                out.setdefault("gemm_at_network_shapes", {})[f"portable {dt}"] = (
-                    prims[f"portable {dt}"].pop("gemm_at_network_shapes"))
+            out.setdefault("wall_ms_per_call", {})[col] = extras["wall_ms"]
+            if "gemm_at_network_shapes" in extras:
+                out.setdefault("gemm_at_network_shapes", {})[col] = (
+                    extras["gemm_at_network_shapes"])
         if not args.skip_peers:
             out["ms_per_call"]["onnxruntime"] = profile_ort(args.onnx, x, args.calls, threads,
                                                             tmp)
