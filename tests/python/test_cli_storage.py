@@ -264,6 +264,9 @@ def test_a_second_run_into_a_busy_folder_stops_with_the_holder_named(slow_folder
         while not (lock.exists() and lock.stat().st_size > 0) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert lock.exists(), "the first run takes the folder's lock"
+        # Frozen while the second run tries the folder, so that it cannot finish its 24 photos
+        # first (on a fast CPU it did, and then rightly exited 0 on the SIGTERM below).
+        first.send_signal(signal.SIGSTOP)
         (tmp_path / "other").mkdir()
         noise_image(tmp_path / "other" / "big_00.jpg", 64, 64, 99)  # same stem, other photo
         r = cli("segment", tmp_path / "other" / "big_00.jpg", "-o", out, "--model", TINY)
@@ -272,9 +275,11 @@ def test_a_second_run_into_a_busy_folder_stops_with_the_holder_named(slow_folder
         assert ".sapiens-seg.lock" in r.stderr
         alive = first.poll() is None
         first.send_signal(signal.SIGTERM)  # no need to wait for 24 photos
+        first.send_signal(signal.SIGCONT)
         _, err = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
             first.kill()
     done = len(json.loads((out / "summary.json").read_text())["images"])
     assert first.returncode == 143, (alive, done, err)
