@@ -94,6 +94,11 @@ constexpr std::array kVariables{
              "Forces the CPU decoder head's path: `gemm` or `onednn` (another value is an "
              "`invalid_input` error)",
              "chosen per CPU and dtype (docs/cpu.md)", kEachCall},
+    Variable{"SAPIENS_SEG_CPU_WINOGRAD",
+             "The CPU decoder head's float32 transposed convolutions by Winograd F(2x2, 2x2): "
+             "`on` the wide ones (at least 128 channels in and out) on any CPU, `all` every one, "
+             "`off` none, `auto` the CPU's rule (another value is an `invalid_input` error)",
+             "`auto`: the wide float32 layers on CPUs without AVX-512 (docs/cpu.md)", kEachCall},
     Variable{"SAPIENS_SEG_CPU_ATTENTION",
              "`libtorch` runs LibTorch's attention on the CPU, `kernel` the library's kernel "
              "wherever the CPU can run it (other values are ignored)",
@@ -103,6 +108,13 @@ constexpr std::array kVariables{
              "fused passes, which give the same bits (for A/B timings); `on` or unset: fused "
              "(another value is an `invalid_input` error)",
              "`on`", kEachCall},
+    Variable{"SAPIENS_SEG_CPU_MLP_COLUMNS",
+             "Sapiens2's float32 CPU MLP: `off` computes w12 whole, a number N in chunks of N "
+             "output columns (gate and multiplier) with the SwiGLU of each chunk pair, `auto` the "
+             "CPU's rule; chunks are used only where the first call at a shape finds them "
+             "bit-identical to the whole GEMM (another value is an `invalid_input` error)",
+             "`auto`: chunks of 1024 on CPUs without AVX-512, whole elsewhere (docs/cpu.md)",
+             kEachCall},
     Variable{"SAPIENS_SEG_CPU_FLAGS",
              "Replaces the CPU's `/proc/cpuinfo` flags (comma- or space-separated) in the dtype "
              "rules, to check them for another machine; the library's vector code still follows "
@@ -261,8 +273,10 @@ Settings read_settings() {
 
   s.cpu_gemm = env.text("SAPIENS_SEG_CPU_GEMM");
   s.cpu_head = env.text("SAPIENS_SEG_CPU_HEAD");
+  s.cpu_winograd = env.text("SAPIENS_SEG_CPU_WINOGRAD");
   s.cpu_attention = env.text("SAPIENS_SEG_CPU_ATTENTION");
   s.cpu_fuse = env.text("SAPIENS_SEG_CPU_FUSE");
+  s.cpu_mlp_columns = env.text("SAPIENS_SEG_CPU_MLP_COLUMNS");
   s.cpu_flags = env.get("SAPIENS_SEG_CPU_FLAGS");
   s.cpu_vendor = env.get("SAPIENS_SEG_CPU_VENDOR");
   s.onednn_max_cpu_isa = env.text("ONEDNN_MAX_CPU_ISA");

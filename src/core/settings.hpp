@@ -59,8 +59,10 @@ struct Settings {
   // ---- CPU dispatch overrides, as set ("" unset); their users check the values
   std::string cpu_gemm;                   // SAPIENS_SEG_CPU_GEMM
   std::string cpu_head;                   // SAPIENS_SEG_CPU_HEAD
+  std::string cpu_winograd;               // SAPIENS_SEG_CPU_WINOGRAD
   std::string cpu_attention;              // SAPIENS_SEG_CPU_ATTENTION
   std::string cpu_fuse;                   // SAPIENS_SEG_CPU_FUSE
+  std::string cpu_mlp_columns;            // SAPIENS_SEG_CPU_MLP_COLUMNS
   std::optional<std::string> cpu_flags;   // SAPIENS_SEG_CPU_FLAGS (set, even empty, replaces)
   std::optional<std::string> cpu_vendor;  // SAPIENS_SEG_CPU_VENDOR (set, even empty, replaces)
   std::string onednn_max_cpu_isa;         // ONEDNN_MAX_CPU_ISA

@@ -27,10 +27,12 @@
 #include "core/cpu/cpuinfo.hpp"
 #include "core/cpu/gemm.hpp"
 #include "core/head/cpu_head.hpp"
+#include "core/head/winograd.hpp"
 #include "core/resize/resize.hpp"
 #include "core/resize/wheel_cubic.hpp"
 #include "core/tensor_ops.hpp"
 #include "core/v1/vit_seg.hpp"
+#include "core/v2/sapiens2.hpp"
 #include "op_counts.hpp"
 #include "sapiens_seg/error.hpp"
 #include "test_util.hpp"
@@ -620,6 +622,65 @@ TEST(UnitNetwork, CpuHeadPathRule) {
   });
 }
 
+// Which deconvolutions go by Winograd: float32 on CPUs without AVX-512 (measured there), the
+// wide layers only unless forced, never another dtype.
+// Sapiens2's float32 MLP by column chunks: where measured (AVX2), not on AVX-512 CPUs.
+TEST(UnitNetwork, Sapiens2MlpColumnsRule) {
+  const TestCpus c;
+  EXPECT_EQ(core::v2::mlp_columns_for(c.zen3), 1024);
+  EXPECT_EQ(core::v2::mlp_columns_for(c.intel_avx2), 1024);
+  EXPECT_EQ(core::v2::mlp_columns_for(c.intel_avx512), 0);
+  EXPECT_EQ(core::v2::mlp_columns_for(c.zen4), 0);
+  EXPECT_EQ(core::v2::mlp_columns_for(c.zen5), 0);
+}
+
+TEST(UnitNetwork, CpuHeadWinogradRule) {
+  using core::head::cpu_head_winograd;
+  using core::head::cpu_head_winograd_for;
+  using core::head::Winograd;
+  const TestCpus c;
+  EXPECT_EQ(cpu_head_winograd_for(c.zen3, at::kFloat), Winograd::kWide);
+  EXPECT_EQ(cpu_head_winograd_for(c.intel_avx2, at::kFloat), Winograd::kWide);
+  EXPECT_EQ(cpu_head_winograd_for(c.intel_avx2, at::kBFloat16), Winograd::kOff);
+  EXPECT_EQ(cpu_head_winograd_for(c.intel_avx512, at::kFloat), Winograd::kOff);
+  EXPECT_EQ(cpu_head_winograd_for(c.zen4, at::kFloat), Winograd::kOff);
+  EXPECT_EQ(cpu_head_winograd(at::kFloat),
+            cpu_head_winograd_for(core::host_cpu_features(), at::kFloat));
+  test::with_env("SAPIENS_SEG_CPU_WINOGRAD", "on", [] {
+    EXPECT_EQ(cpu_head_winograd(at::kFloat), Winograd::kWide);
+    EXPECT_EQ(cpu_head_winograd(at::kHalf), Winograd::kOff);
+  });
+  test::with_env("SAPIENS_SEG_CPU_WINOGRAD", "all", [] {
+    EXPECT_EQ(cpu_head_winograd(at::kFloat), Winograd::kAll);
+    EXPECT_EQ(cpu_head_winograd(at::kBFloat16), Winograd::kOff);
+  });
+  test::with_env("SAPIENS_SEG_CPU_WINOGRAD", "off",
+                 [] { EXPECT_EQ(cpu_head_winograd(at::kFloat), Winograd::kOff); });
+  test::with_env("SAPIENS_SEG_CPU_WINOGRAD", "auto", [] {
+    EXPECT_EQ(cpu_head_winograd(at::kFloat),
+              cpu_head_winograd_for(core::host_cpu_features(), at::kFloat));
+  });
+  // Under the oneDNN GEMM policy the direct oneDNN path keeps every GEMM on oneDNN.
+  test::with_env("SAPIENS_SEG_CPU_GEMM", "onednn",
+                 [] { EXPECT_EQ(cpu_head_winograd(at::kFloat), Winograd::kOff); });
+  test::with_env("SAPIENS_SEG_CPU_WINOGRAD", "yes", [] {
+    expect_error([] { cpu_head_winograd(at::kFloat); }, ErrorCode::kInvalidInput,
+                 {"SAPIENS_SEG_CPU_WINOGRAD", "'yes'"});
+  });
+  // kWide takes a layer when both its sides have kWinogradMinChannels: Sapiens2's 256 -> 128,
+  // not its 128 -> 64; float32 only.
+  core::head::HeadWeights w;
+  w.deconv_w = {at::zeros({256, 128, 4, 4}), at::zeros({128, 64, 4, 4})};
+  w.seg_w = at::zeros({3, 64, 1, 1});
+  w.seg_b = at::zeros({3});
+  const auto path = core::head::CpuHeadPath::kGemm;
+  EXPECT_EQ(core::head::CpuHead(w, path, Winograd::kWide).winograd_layers(), 1);
+  EXPECT_EQ(core::head::CpuHead(w, path, Winograd::kAll).winograd_layers(), 2);
+  EXPECT_EQ(core::head::CpuHead(w, path, Winograd::kOff).winograd_layers(), 0);
+  for (auto& d : w.deconv_w) d = d.to(at::kBFloat16);
+  EXPECT_EQ(core::head::CpuHead(w, path, Winograd::kAll).winograd_layers(), 0);
+}
+
 // ---- the float32 GEMM library (core/cpu/gemm) --------------------------------------------------
 
 TEST(UnitCpuGemm, Float32PolicyFollowsTheCpuTable) {
@@ -799,12 +860,65 @@ TEST(UnitNetwork, CpuHeadIsTheModulesOps) {
     x = norm_silu(at::conv2d(x, w.conv_w[s], w.conv_b[s]));
   const at::Tensor want = at::conv2d(x, w.seg_w, w.seg_b);
   ASSERT_EQ(want.sizes(), at::IntArrayRef({2, 5, gh * 8, gw * 8}));
+  using core::head::Winograd;
   for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
     if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
-    const at::Tensor got = core::head::CpuHead(w, path).forward(feat, gh, gw);
-    ASSERT_EQ(got.sizes(), want.sizes()) << core::head::to_string(path);
-    EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * want.abs().max().item<double>())
-        << core::head::to_string(path);
+    // kWide: these layers are narrower than kWinogradMinChannels, so none; kAll: all three.
+    for (const auto wino : {Winograd::kOff, Winograd::kWide, Winograd::kAll}) {
+      const core::head::CpuHead head(w, path, wino);
+      EXPECT_EQ(head.winograd_layers(), wino == Winograd::kAll ? 3 : 0);
+      const at::Tensor got = head.forward(feat, gh, gw);
+      ASSERT_EQ(got.sizes(), want.sizes()) << core::head::to_string(path);
+      EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * want.abs().max().item<double>())
+          << core::head::to_string(path) << " winograd " << core::head::to_string(wino);
+    }
+  }
+}
+
+// Winograd F(2x2, 2x2) against the transposed convolution itself (float64), on maps of even and
+// odd sizes (tiles on an odd map's last row and column hang over its edge) and one of several
+// bands, with every output row handed to the callback once, in order.
+TEST(UnitNetwork, WinogradDeconvIsTheTransposedConvolution) {
+  at::manual_seed(17);
+  // 16 -> 24 channels: the 8-wide loops alone; 12 -> 10: their scalar tails too.
+  for (const auto& [Cin, Cout] : std::vector<std::pair<int64_t, int64_t>>{{16, 24}, {12, 10}}) {
+    const at::Tensor w = at::randn({Cin, Cout, 4, 4}) / std::sqrt(16.0 * double(Cin));
+    const at::Tensor filters = core::head::winograd_deconv_filters(w);
+    ASSERT_EQ(filters.sizes(), at::IntArrayRef({4, 9, Cin, Cout}));
+    // 29 x 61: 15 x 31 tiles, two bands of tile rows; the others one tile or a ragged one.
+    for (const auto& [H, W] : std::vector<std::pair<int64_t, int64_t>>{
+             {29, 61}, {30, 62}, {1, 1}, {2, 2}, {3, 4}, {5, 3}}) {
+      const at::Tensor x = at::randn({H * W, Cin});
+      const at::Tensor want =
+          at::conv_transpose2d(x.view({1, H, W, Cin}).permute({0, 3, 1, 2}).to(at::kDouble),
+                               w.to(at::kDouble), {}, 2, 1)
+              .permute({0, 2, 3, 1})
+              .reshape({4 * H * W, Cout});
+      const at::Tensor padded = at::zeros({(H + 3) * (W + 3), Cin});
+      padded.view({H + 3, W + 3, Cin})
+          .slice(0, 1, H + 1)
+          .slice(1, 1, W + 1)
+          .copy_(x.view({H, W, Cin}));
+      const at::Tensor y = at::full({4 * H * W, Cout}, std::nan(""));
+      int64_t next_row = 0;
+      core::head::winograd_deconv(padded, H, W, filters, y, [&](int64_t row0, int64_t rows) {
+        EXPECT_EQ(row0, next_row);
+        EXPECT_GT(rows, 0);
+        // The band's rows are final when they are handed over.
+        EXPECT_TRUE(y.narrow(0, row0 * 2 * W, rows * 2 * W).isfinite().all().item<bool>());
+        next_row = row0 + rows;
+      });
+      EXPECT_EQ(next_row, 2 * H) << H << "x" << W;
+      const double d = (y.to(at::kDouble) - want).abs().max().item<double>();
+      EXPECT_LE(d, 2e-6 * want.abs().max().item<double>())
+          << Cin << "->" << Cout << " " << H << "x" << W;
+    }
+    const at::Tensor bad = at::zeros({4 * 4, Cin});  // not padded: the wrong row count
+    expect_error(
+        [&] {
+          core::head::winograd_deconv(bad, 2, 2, filters, at::empty({16, Cout}), {});
+        },
+        ErrorCode::kInternal, {"winograd_deconv"});
   }
 }
 

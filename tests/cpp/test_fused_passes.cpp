@@ -318,6 +318,58 @@ TEST(UnitFusedPasses, SwigluIsTheModulesBitForBitAtEveryThreadCount) {
       ErrorCode::kInvalidInput, {"[rows, 2F]"});
 }
 
+// The MLP's gate a pair of column chunks at a time: every chunk width (multiples of the vector
+// pair, odd ones, a last narrower chunk, the whole width) gives the whole pass's bits, at 1, 2 and
+// 3 threads, where the thread boundaries fall inside rows and rows have a scalar tail.
+TEST(UnitFusedPasses, SwigluInColumnChunksIsTheWholePassBitForBit) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor pool = activations({1, 1, 1 << 16}, 77).reshape({-1}) * 4;
+  const at::Tensor s_vec = pool / (1 + at::exp(-pool));  // at::exp: LibTorch's vector exp
+  at::Tensor s_std = at::empty_like(pool);
+  for (int64_t i = 0; i < pool.numel(); ++i) {
+    const float v = pool[i].item<float>();
+    s_std[i] = v / (1.0f + std::exp(-v));
+  }
+  const at::Tensor disputed = pool.masked_select(s_vec.ne(s_std));
+  ASSERT_GT(disputed.numel(), 16) << "no values whose SiLU the two exps round apart";
+  for (const int nt : {1, 2, 3}) {
+    at::set_num_threads(nt);
+    for (const auto& [rows, F] : std::vector<std::pair<int64_t, int64_t>>{
+             {3081, 4096}, {37, 1000}, {131, 40}, {1100, 33}, {3, 4096}}) {
+      for (const auto dtype : kDtypes) {
+        at::Tensor g =
+            (activations({1, rows, 2 * F}, 700 + F + rows) * 2).to(dtype).view({rows, 2 * F});
+        // float32: every gate value one whose SiLU the vector and the scalar exp round apart, so
+        // that an element given the other exp than in the whole pass changes the bits.
+        if (dtype == at::kFloat)
+          g.narrow(1, 0, F).copy_(disputed.repeat(rows * F / disputed.numel() + 1)
+                                      .narrow(0, 0, rows * F)
+                                      .view({rows, F}));
+        at::Tensor want = at::empty({rows, F}, g.options());
+        core::v2::fused_swiglu(want, g);
+        for (const int64_t width : {int64_t{16}, int64_t{512}, int64_t{37}, F}) {
+          at::Tensor got = at::full({rows, F}, 5.0, g.options());
+          for (int64_t j = 0; j < F; j += width) {
+            const int64_t w = std::min(width, F - j);
+            core::v2::fused_swiglu_columns(got, g.narrow(1, j, w).contiguous(),
+                                           g.narrow(1, F + j, w).contiguous(), j);
+          }
+          EXPECT_TRUE(same_bits(got, want))
+              << rows << " x " << F << " " << dtype << " in chunks of " << width << " at " << nt
+              << " threads, " << isa_name();
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
+  test::expect_error(
+      [] {
+        core::v2::fused_swiglu_columns(at::empty({2, 8}), at::randn({2, 4}), at::randn({2, 4}), 6);
+      },
+      ErrorCode::kInvalidInput, {"[col, col + w)"});
+}
+
 // The whole network in float32 and bfloat16: the fused blocks and final norm against the module's
 // ops one by one (SAPIENS_SEG_CPU_FUSE=off), bit for bit, on the tiny fixture at both of its input
 // sizes (tests/fixtures: grid 8 x 6 at batch 2, and the real 64 x 48 grid).
@@ -358,6 +410,28 @@ TEST(UnitFusedPasses, Sapiens2NetworkIsBitIdenticalWithTheFusionOnAndOff) {
       EXPECT_TRUE(same_bits(net.final_norm(got_blocks), ref_norm)) << h << "x" << w << " " << dtype;
       EXPECT_TRUE(same_bits(net.blocks(tokens, 3, 9), ref_mid)) << h << "x" << w << " " << dtype;
       EXPECT_TRUE(same_bits(tokens, tokens_before)) << "the caller's tokens were written";
+      // float32's MLP by column chunks (F = 320: chunks that divide it and a narrower last one).
+      // The first call at a shape checks the BLAS's chunks against the whole GEMM and computes by
+      // chunks only where they match; either way the bits are the module's.
+      if (dtype == at::kFloat) {
+        const int64_t M = tokens.size(0) * tokens.size(1), C = tokens.size(2);
+        for (const int64_t width : {64, 96}) {
+          ::setenv("SAPIENS_SEG_CPU_MLP_COLUMNS", std::to_string(width).c_str(), 1);
+          EXPECT_TRUE(same_bits(net.blocks(tokens, 0, net.config().depth), ref_blocks))
+              << h << "x" << w << " in chunks of " << width;
+          const auto exact =
+              core::v2::mlp_column_split_exact(M, C, 2 * 320, width, at::get_num_threads());
+          ASSERT_TRUE(exact.has_value()) << "the first call did not check the chunks";
+          // Later calls take the chunks (or not) without checking again.
+          EXPECT_TRUE(same_bits(net.blocks(tokens, 0, net.config().depth), ref_blocks));
+          std::printf("w12 in chunks of %lld at %lld tokens: %s\n", static_cast<long long>(width),
+                      static_cast<long long>(M), *exact ? "exact, used" : "not exact, whole");
+        }
+        ::setenv("SAPIENS_SEG_CPU_MLP_COLUMNS", "many", 1);
+        test::expect_error([&] { net.blocks(tokens, 0, 1); }, ErrorCode::kInvalidInput,
+                           {"SAPIENS_SEG_CPU_MLP_COLUMNS"});
+        ::unsetenv("SAPIENS_SEG_CPU_MLP_COLUMNS");
+      }
       ::unsetenv("SAPIENS_SEG_CPU_FUSE");
     }
     ::unsetenv("SAPIENS_SEG_CPU_ATTENTION");

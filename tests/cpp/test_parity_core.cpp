@@ -102,31 +102,39 @@ TEST_P(ParityV1, PortableAndOriginalMatchTheReference) {
   }
 }
 
-// Both ways the CPU head can run (cpu_head_path picks one per CPU, dtype and head width) against
-// the reference, and against each other: the default test above covers only this CPU's choice.
+// Every way the CPU head can run (cpu_head_path picks one per CPU, dtype and head width, and
+// cpu_head_winograd which deconvolutions go by Winograd) against the reference, and against each
+// other: the default test above covers only this CPU's choice.
 TEST_P(ParityV1, EveryCpuHeadPathMatchesTheReference) {
   const Loaded m = load_fixture(GetParam());
   const auto dirs = reference_dirs(GetParam());
   std::vector<at::Tensor> first;
   for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
     if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
-    const core::v1::Network net =
-        test::with_env("SAPIENS_SEG_CPU_HEAD", core::head::to_string(path), [&] {
-          return core::v1::Network(m.ckpt.tensors, m.cfg, c10::Device(c10::kCPU), at::kFloat);
-        });
-    ASSERT_EQ(net.cpu_head().path(), path);
-    for (size_t i = 0; i < dirs.size(); ++i) {
-      const at::Tensor ref = tensor_of(read_npy((dirs[i] / "logits.npy").string()), at::kFloat);
-      const at::Tensor got = net.forward(library_input(dirs[i]).unsqueeze(0))[0];
-      const double d_ref = (got - ref).abs().max().item<double>();
-      double d_other = 0;
-      if (first.size() > i) d_other = (got - first[i]).abs().max().item<double>();
-      std::printf("%s %s head %s: max |logit diff| vs reference %.3g, vs the gemm head %.3g\n",
-                  GetParam().c_str(), dirs[i].filename().c_str(), core::head::to_string(path),
-                  d_ref, d_other);
-      EXPECT_LE(d_ref, kCpuFp32Bar) << dirs[i];
-      EXPECT_LE(d_other, kCpuFp32Bar) << dirs[i];
-      if (first.size() <= i) first.push_back(got);
+    for (const char* wino : {"off", "all"}) {
+      const core::v1::Network net =
+          test::with_env("SAPIENS_SEG_CPU_HEAD", core::head::to_string(path), [&] {
+            return test::with_env("SAPIENS_SEG_CPU_WINOGRAD", wino, [&] {
+              return core::v1::Network(m.ckpt.tensors, m.cfg, c10::Device(c10::kCPU), at::kFloat);
+            });
+          });
+      ASSERT_EQ(net.cpu_head().path(), path);
+      ASSERT_EQ(net.cpu_head().winograd_layers(), std::string(wino) == "all" ? 3 : 0);
+      for (size_t i = 0; i < dirs.size(); ++i) {
+        const at::Tensor ref = tensor_of(read_npy((dirs[i] / "logits.npy").string()), at::kFloat);
+        const at::Tensor got = net.forward(library_input(dirs[i]).unsqueeze(0))[0];
+        const double d_ref = (got - ref).abs().max().item<double>();
+        double d_other = 0;
+        if (first.size() > i) d_other = (got - first[i]).abs().max().item<double>();
+        std::printf(
+            "%s %s head %s, winograd %s: max |logit diff| vs reference %.3g, vs the gemm head "
+            "%.3g\n",
+            GetParam().c_str(), dirs[i].filename().c_str(), core::head::to_string(path), wino,
+            d_ref, d_other);
+        EXPECT_LE(d_ref, kCpuFp32Bar) << dirs[i];
+        EXPECT_LE(d_other, kCpuFp32Bar) << dirs[i];
+        if (first.size() <= i) first.push_back(got);
+      }
     }
   }
 }

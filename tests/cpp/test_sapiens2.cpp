@@ -363,11 +363,15 @@ std::vector<core::head::CpuHeadPath> cpu_head_paths() {
   return paths;
 }
 
-// A CPU network of `dtype` whose fused head takes `path` (SAPIENS_SEG_CPU_HEAD at load).
+// A CPU network of `dtype` whose fused head takes `path` (SAPIENS_SEG_CPU_HEAD at load), with
+// SAPIENS_SEG_CPU_WINOGRAD=`winograd`.
 core::v2::Network network_with_head(const core::TensorMap& t, const core::v2::Config& cfg,
-                                    core::head::CpuHeadPath path, at::ScalarType dtype) {
-  return test::with_env("SAPIENS_SEG_CPU_HEAD", core::head::to_string(path),
-                        [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), dtype); });
+                                    core::head::CpuHeadPath path, at::ScalarType dtype,
+                                    const char* winograd = "off") {
+  return test::with_env("SAPIENS_SEG_CPU_HEAD", core::head::to_string(path), [&] {
+    return test::with_env("SAPIENS_SEG_CPU_WINOGRAD", winograd,
+                          [&] { return core::v2::Network(t, cfg, c10::Device(c10::kCPU), dtype); });
+  });
 }
 
 }  // namespace
@@ -379,20 +383,25 @@ TEST(ParitySapiens2, EveryCpuHeadPathMatchesTheModulesHead) {
   const auto t = open_tensors("s2_tiny.safetensors");
   const auto cfg = config_of(t);
   for (const auto path : cpu_head_paths()) {
-    const core::v2::Network net = network_with_head(t, cfg, path, at::kFloat);
-    ASSERT_EQ(net.cpu_head().path(), path);
-    for (const auto& dir : full_size_dirs("s2_tiny")) {
-      const at::Tensor x = library_input(dir).unsqueeze(0);
-      test::Sapiens2Stages stages({});
-      const at::Tensor fused = stages.forward(net, x);
-      const at::Tensor generic = stages.module_head(net);
-      EXPECT_TRUE(at::equal(fused, net.forward(x))) << dir;
-      const double d_head = max_diff(fused, generic), d_ref = max_diff(fused, ref(dir, "logits"));
-      std::printf(
-          "s2_tiny %s head %s: max |logit diff| vs the module's head %.3g, vs reference %.3g\n",
-          dir.filename().c_str(), core::head::to_string(path), d_head, d_ref);
-      EXPECT_LE(d_head, 1e-4) << dir;
-      EXPECT_LE(d_ref, kCpuFp32Bar) << dir;
+    for (const char* wino : {"off", "all"}) {
+      const core::v2::Network net = network_with_head(t, cfg, path, at::kFloat, wino);
+      ASSERT_EQ(net.cpu_head().path(), path);
+      // "all": every deconvolution, however narrow (the rule's kWide would skip the tiny ones).
+      ASSERT_EQ(net.cpu_head().winograd_layers() > 0, std::string(wino) == "all");
+      for (const auto& dir : full_size_dirs("s2_tiny")) {
+        const at::Tensor x = library_input(dir).unsqueeze(0);
+        test::Sapiens2Stages stages({});
+        const at::Tensor fused = stages.forward(net, x);
+        const at::Tensor generic = stages.module_head(net);
+        EXPECT_TRUE(at::equal(fused, net.forward(x))) << dir;
+        const double d_head = max_diff(fused, generic), d_ref = max_diff(fused, ref(dir, "logits"));
+        std::printf(
+            "s2_tiny %s head %s, winograd %s: max |logit diff| vs the module's head %.3g, vs "
+            "reference %.3g\n",
+            dir.filename().c_str(), core::head::to_string(path), wino, d_head, d_ref);
+        EXPECT_LE(d_head, 1e-4) << dir;
+        EXPECT_LE(d_ref, kCpuFp32Bar) << dir;
+      }
     }
   }
 }

@@ -15,6 +15,7 @@
 #include "../settings.hpp"
 #include "channel_ops.hpp"
 #include "sapiens_seg/error.hpp"
+#include "winograd.hpp"
 
 namespace sapiens_seg::core::head {
 namespace {
@@ -80,6 +81,29 @@ void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
   norm_silu(out, x, affine.first, affine.second);
 }
 
+// The deconvolutions' input: act ([H*W, Cin], raw when stats is empty, else normalised + SiLU on
+// the way) at pixel (1, 1) of a `rows` x `cols` grid, then `spare` pixels; everything around the
+// map is zero. Returns [rows * cols + spare, Cin]. Only the border is cleared, not the whole map
+// (155 MB at v1's last stage).
+at::Tensor padded_input(const at::Tensor& act, const ChannelStats& stats, int64_t H, int64_t W,
+                        int64_t rows, int64_t cols, int64_t spare) {
+  const int64_t Cin = act.size(1);
+  const at::Tensor padded = at::empty({rows * cols + spare, Cin}, act.options());
+  const at::Tensor grid = padded.narrow(0, 0, rows * cols).view({rows, cols, Cin});
+  grid.select(0, 0).zero_();
+  grid.slice(0, H + 1, rows).zero_();
+  grid.slice(0, 1, H + 1).select(1, 0).zero_();
+  grid.slice(0, 1, H + 1).slice(1, W + 1, cols).zero_();
+  padded.narrow(0, rows * cols, spare).zero_();
+  const at::Tensor interior = grid.slice(0, 1, H + 1).slice(1, 1, W + 1);
+  if (stats.n == 0) {
+    interior.copy_(act.view({H, W, Cin}));
+  } else {
+    norm_silu_into(interior, act.view({H, W, Cin}), stats.affine(kInstanceNormEps));
+  }
+  return padded;
+}
+
 // One ConvTranspose2d(k4, s2, p1) of the head as four 2x2 sub-pixel convolutions, one per output
 // parity (py, px). Output pixel (2i+py, 2j+px) takes input rows i+dy and columns j+dx with kernel
 // taps ky = 1 - 2dy (py = 0, dy in {0,-1}) or ky = 2 - 2dy (py = 1, dy in {0,1}), likewise in x.
@@ -92,18 +116,9 @@ at::Tensor deconv_gemm(at::Tensor act, const ChannelStats& stats, const at::Tens
                        int64_t W, ChannelStats& next) {
   // Output parity -> the (offset, kernel tap) pairs of its two input rows (or columns).
   const int64_t tap_of[2][2][2] = {{{0, 1}, {-1, 3}}, {{0, 2}, {1, 0}}};
-  const int64_t Cin = act.size(1), HC = taps.size(3), Wp = W + 2;
+  const int64_t HC = taps.size(3), Wp = W + 2;
   // Two spare rows: the last tap's block of the last chunk reaches two rows past the grid.
-  at::Tensor padded = at::zeros({(H + 2) * Wp + 2, Cin}, act.options());
-  at::Tensor interior = padded.narrow(0, 0, (H + 2) * Wp)
-                            .view({H + 2, Wp, Cin})
-                            .slice(0, 1, H + 1)
-                            .slice(1, 1, W + 1);
-  if (stats.n == 0) {
-    interior.copy_(act.view({H, W, Cin}));
-  } else {
-    norm_silu_into(interior, act.view({H, W, Cin}), stats.affine(kInstanceNormEps));
-  }
+  at::Tensor padded = padded_input(act, stats, H, W, H + 2, Wp, 2);
   // The previous stage's output lives on in `padded`; releasing it before the next, 4x larger map
   // is allocated lowers the peak by a quarter of that map.
   const auto options = act.options();
@@ -140,6 +155,23 @@ at::Tensor deconv_gemm(at::Tensor act, const ChannelStats& stats, const at::Tens
     }
   }
   return y.view({4 * H * W, HC});
+}
+
+// The same deconvolution by Winograd F(2x2, 2x2) (winograd.hpp), float32: the input normalised
+// into a grid padded by one pixel before and two after (tiles of an odd-sized map reach one row
+// or column past it), the statistics gathered band by band as the output lands.
+at::Tensor deconv_winograd(at::Tensor act, const ChannelStats& stats, const at::Tensor& filters,
+                           int64_t H, int64_t W, ChannelStats& next) {
+  const int64_t Cout = filters.size(3);
+  const at::Tensor padded = padded_input(act, stats, H, W, H + 3, W + 3, 0);
+  const auto options = act.options();
+  act = at::Tensor();  // as in deconv_gemm: the raw map goes before the larger one is made
+  at::Tensor y = at::empty({4 * H * W, Cout}, options);
+  winograd_deconv(padded, H, W, filters, y, [&](int64_t row0, int64_t rows) {
+    const int64_t n = rows * 2 * W;
+    next.add(y.narrow(0, row0 * 2 * W, n), n, n, 0);
+  });
+  return y;
 }
 
 // A [P, C] matrix as the NCHW-sized, channels-last [1, C, h, w] tensor it already is in memory.
@@ -193,6 +225,45 @@ const char* to_string(CpuHeadPath path) {
   return path == CpuHeadPath::kOnednn ? "onednn" : "gemm";
 }
 
+const char* to_string(Winograd w) {
+  switch (w) {
+    case Winograd::kWide:
+      return "wide";
+    case Winograd::kAll:
+      return "all";
+    case Winograd::kOff:
+      break;
+  }
+  return "off";
+}
+
+Winograd cpu_head_winograd_for(const CpuFeatures& cpu, at::ScalarType dtype) {
+  if (dtype != at::kFloat) return Winograd::kOff;  // its transforms are float32 passes
+  // Measured by head_bench on Zen 3 (2026-12-07, 2 cores, AVX2; benchmarks/results/amd-zen3/
+  // cpu-head-winograd.json): v1's head 10.1-11.2 s against 12.5 s with oneDNN's deconvolutions,
+  // Sapiens2's 1.47 against 1.65 s. Not measured on AVX-512 CPUs, whose GEMMs run about twice as
+  // fast beside the same memory-bound transforms.
+  return cpu.avx512_core() ? Winograd::kOff : Winograd::kWide;
+}
+
+Winograd cpu_head_winograd(at::ScalarType dtype) {
+  const std::string v = read_settings().cpu_winograd;
+  if (v.empty() || v == "auto") {
+    // Its GEMMs run on LibTorch's BLAS: where the float32 policy moves every GEMM to oneDNN
+    // (cpu/gemm.hpp, SAPIENS_SEG_CPU_GEMM=onednn included), the direct oneDNN path keeps them
+    // there.
+    if (dtype == at::kFloat && cpu::float32_gemm().policy == cpu::GemmPolicy::kOnednn) {
+      return Winograd::kOff;
+    }
+    return cpu_head_winograd_for(host_cpu_features(), dtype);
+  }
+  if (v == "off" || dtype != at::kFloat) return Winograd::kOff;
+  if (v == "on") return Winograd::kWide;
+  if (v == "all") return Winograd::kAll;
+  throw Error(ErrorCode::kInvalidInput,
+              "SAPIENS_SEG_CPU_WINOGRAD must be 'auto', 'on', 'all' or 'off', got '" + v + "'");
+}
+
 CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width) {
   if (dtype != at::kFloat) return CpuHeadPath::kGemm;
   // Measured by head_bench (2026-12-02): on Zen 1 (AVX2 + FMA, 2 cores) v1's head in float32 took
@@ -223,13 +294,20 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
   return cpu_head_path_for(host_cpu_features(), dtype, width);
 }
 
-CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path) : path_(path) {
+CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path, Winograd winograd) : path_(path) {
   const bool gemm = path == CpuHeadPath::kGemm;
   for (const at::Tensor& d : w.deconv_w) {
+    const bool wide = std::min(d.size(0), d.size(1)) >= kWinogradMinChannels;
+    wino_.push_back(d.scalar_type() == at::kFloat &&
+                    (winograd == Winograd::kAll || (winograd == Winograd::kWide && wide)));
     // GEMM operands as [in, out] matrices, contiguous: MKL runs these narrow GEMMs at half speed
     // with the transposed ([out, in]) layout. [in, out, ky, kx] becomes [ky, kx, in, out].
     // oneDNN's path gets its weight channels-last, the layout LibTorch converts it to for a
     // channels-last input on every call otherwise (an 8 MB copy per call for Sapiens2's first).
+    if (wino_.back()) {
+      deconv_.push_back(winograd_deconv_filters(d));
+      continue;
+    }
     deconv_.push_back(gemm ? d.permute({2, 3, 0, 1}).contiguous()
                            : d.contiguous(at::MemoryFormat::ChannelsLast));
   }
@@ -247,6 +325,10 @@ CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path) : path_(path) {
   seg_b_ = w.seg_b.contiguous();
 }
 
+int64_t CpuHead::winograd_layers() const {
+  return std::count(wino_.begin(), wino_.end(), true);
+}
+
 at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) const {
   const auto stages = static_cast<int64_t>(deconv_.size());
   const int64_t B = feat.size(0), K = seg_b_.size(0);
@@ -260,10 +342,16 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
     at::Tensor act = feat[b];  // [h * w, channels], raw (stats empty) or to be normalised
     ChannelStats stats;
     int64_t H = gh, W = gw;
-    for (const at::Tensor& w : deconv_) {
+    for (size_t i = 0; i < deconv_.size(); ++i) {
+      const at::Tensor& w = deconv_[i];
       ChannelStats next;
-      act = path_ == CpuHeadPath::kGemm ? deconv_gemm(std::move(act), stats, w, H, W, next)
-                                        : deconv_onednn(std::move(act), stats, w, H, W, next);
+      if (wino_[i]) {
+        act = deconv_winograd(std::move(act), stats, w, H, W, next);
+      } else if (path_ == CpuHeadPath::kGemm) {
+        act = deconv_gemm(std::move(act), stats, w, H, W, next);
+      } else {
+        act = deconv_onednn(std::move(act), stats, w, H, W, next);
+      }
       stats = std::move(next);
       H *= 2;
       W *= 2;

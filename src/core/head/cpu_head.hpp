@@ -6,7 +6,9 @@
 //
 // Activations stay channels-last as [pixels, channels] matrices, one image at a time:
 //  - each transposed convolution runs as four sub-pixel GEMMs on LibTorch's BLAS (kGemm) or as
-//    oneDNN's deconvolution (kOnednn), whichever the CPU runs faster (cpu_head_path);
+//    oneDNN's deconvolution (kOnednn), whichever the CPU runs faster (cpu_head_path), or, in
+//    float32 where it pays (cpu_head_winograd), by Winograd F(2x2, 2x2) on LibTorch's BLAS
+//    (winograd.hpp: 9/16 of the GEMM work);
 //  - InstanceNorm + SiLU is never a pass of its own: the statistics are gathered as the producing
 //    layer's output lands (tile by tile on the GEMM path), and normalise + SiLU is applied when
 //    the next layer reads its input;
@@ -44,6 +46,23 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width);
 CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width);
 inline constexpr int64_t kNarrowHeadWidth = 128;
 
+// Which transposed convolutions run by Winograd F(2x2, 2x2) (winograd.hpp) instead of the path's
+// direct method: none; the float32 ones with at least kWinogradMinChannels input and output
+// channels (Sapiens v1's three, Sapiens2's first three: on Sapiens2's 128 -> 64 the transforms
+// cost what the GEMMs save); or every float32 one (tests, A/B benchmarks).
+enum class Winograd { kOff, kWide, kAll };
+const char* to_string(Winograd w);
+inline constexpr int64_t kWinogradMinChannels = 128;
+// For `dtype` on this CPU: SAPIENS_SEG_CPU_WINOGRAD=on (kWide on any CPU), =all (kAll), =off,
+// =auto or unset (the rule, and kOff wherever the float32 GEMM policy is oneDNN's: Winograd's
+// GEMMs are LibTorch's BLAS; another value is an Error(kInvalidInput)). Other dtypes than float32
+// always get kOff.
+Winograd cpu_head_winograd(at::ScalarType dtype);
+// The rule: kWide for float32 on CPUs without AVX-512, where it was measured (head_bench, Zen 3:
+// v1's head 1.1-1.2x, Sapiens2's 1.12x as fast as with oneDNN's deconvolutions); kOff elsewhere,
+// where it has not been.
+Winograd cpu_head_winograd_for(const CpuFeatures& cpu, at::ScalarType dtype);
+
 // The weights as the checkpoints store them (already in the network's dtype, on the CPU):
 // deconv_w [in, out, 4, 4], conv_w [out, in, 1, 1] with conv_b [out], seg_w [classes, in, 1, 1]
 // with seg_b [classes].
@@ -57,20 +76,25 @@ class CpuHead {
  public:
   CpuHead() = default;
   // Re-lays the weights out once for `path` (the GEMM path's copies replace the stored tensors;
-  // oneDNN's path keeps them as they are).
-  CpuHead(const HeadWeights& weights, CpuHeadPath path);
+  // oneDNN's path keeps them as they are), and transforms the filters of the deconvolutions that
+  // `winograd` selects.
+  CpuHead(const HeadWeights& weights, CpuHeadPath path, Winograd winograd = Winograd::kOff);
 
   // feat: [B, gh * gw, C] contiguous, after the backbone's final norm. Returns the logits
   // [B, classes, gh * 2^s, gw * 2^s] for s deconvolutions, in feat's dtype.
   at::Tensor forward(const at::Tensor& feat, int64_t gh, int64_t gw) const;
   CpuHeadPath path() const { return path_; }
+  // How many of the transposed convolutions run by Winograd (the first ones: the wide end).
+  int64_t winograd_layers() const;
   bool empty() const { return deconv_.empty(); }
 
  private:
   CpuHeadPath path_ = CpuHeadPath::kGemm;
-  // deconv_: kGemm [ky, kx, in, out] (one matrix per kernel tap), kOnednn as stored; conv_w_ and
+  // deconv_: kGemm [ky, kx, in, out] (one matrix per kernel tap), kOnednn as stored, and a
+  // Winograd layer's transformed filters [4, 9, in, out] (wino_[i] says which); conv_w_ and
   // seg_w_ [in, out], conv_w_oi_ and seg_w_oi_ [out, in].
   std::vector<at::Tensor> deconv_, conv_w_, conv_w_oi_, conv_b_;
+  std::vector<bool> wino_;
   at::Tensor seg_w_, seg_w_oi_, seg_b_;
 };
 

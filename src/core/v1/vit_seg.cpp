@@ -186,7 +186,8 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   hw.seg_w = get("decode_head.conv_seg.weight");
   hw.seg_b = get("decode_head.conv_seg.bias");
   if (device_.is_cpu()) {
-    cpu_head_ = head::CpuHead(hw, head::cpu_head_path(dtype, hw.seg_w.size(1)));
+    cpu_head_ = head::CpuHead(hw, head::cpu_head_path(dtype, hw.seg_w.size(1)),
+                              head::cpu_head_winograd(dtype));
   } else {
     generic_head_ = std::move(hw);
   }

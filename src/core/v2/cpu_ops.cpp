@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -435,6 +438,101 @@ void fused_swiglu(const at::Tensor& out, const at::Tensor& g) {
         pos += n;
       }
     });
+  });
+}
+
+namespace {
+
+// Where LibTorch's threads start their ranges of a map of n elements (fused_swiglu's split), in
+// order, the first (0) included.
+std::vector<int64_t> thread_starts(int64_t n) {
+  std::vector<int64_t> starts;
+  std::mutex m;
+  at::parallel_for(0, n, arith::kGrain, [&](int64_t begin, int64_t /*end*/) {
+    const std::lock_guard<std::mutex> lock(m);
+    starts.push_back(begin);
+  });
+  std::sort(starts.begin(), starts.end());
+  return starts;
+}
+
+// silu_mul over n elements, all taken as `vector` says: through the pairs of vectors (the last
+// partial pair through a padded copy: the lanes are independent) or through the scalar formula
+// (runs of one element).
+template <class S>
+void silu_mul_as(const arith::Kernels<S>& k, const S* g, const S* u, S* out, int64_t n, bool vector,
+                 int64_t step) {
+  if (!vector) {
+    for (int64_t i = 0; i < n; ++i) k.silu_mul(g + i, u + i, out + i, 1);
+    return;
+  }
+  const int64_t whole = n - n % step;
+  k.silu_mul(g, u, out, whole);
+  if (whole == n) return;
+  constexpr int64_t kMaxStep = 64;  // 2 AVX-512 vectors of bf16
+  S ga[kMaxStep] = {}, ua[kMaxStep] = {}, oa[kMaxStep];
+  std::copy(g + whole, g + n, ga);
+  std::copy(u + whole, u + n, ua);
+  k.silu_mul(ga, ua, oa, step);
+  std::copy(oa, oa + (n - whole), out + whole);
+}
+
+}  // namespace
+
+void fused_swiglu_columns(const at::Tensor& out, const at::Tensor& g, const at::Tensor& u,
+                          int64_t col) {
+  const char* fn = "fused_swiglu_columns";
+  const at::ScalarType t = map_dtype(out, fn);
+  need_map(out, t, "out", fn);
+  need_map(g, t, "g", fn);
+  need_map(u, t, "u", fn);
+  if (out.dim() != 2 || g.dim() != 2 || g.sizes() != u.sizes() || g.size(0) != out.size(0) ||
+      col < 0 || col + g.size(1) > out.size(1)) {
+    throw Error(ErrorCode::kInvalidInput,
+                "fused_swiglu_columns: g and u must be [rows, w], out [rows, F] with the columns "
+                "[col, col + w) inside it");
+  }
+  const int64_t rows = out.size(0), F = out.size(1), w = g.size(1), end = col + w;
+  // The whole pass's runs: each row is one run unless a thread's range starts inside it.
+  const std::vector<int64_t> starts = thread_starts(rows * F);
+  by_dtype(t, [&](auto tag) {
+    using S = decltype(tag);
+    const arith::Kernels<S>& k = kernels_for<S>();
+    // Elements per step of LibTorch's loop: two vectors, of bf16 twice as many as float lanes.
+    constexpr int64_t kPerLane = std::is_same_v<S, float> ? 1 : 2;
+    const int64_t step = 2 * arith::lanes(arith::libtorch_isa()) * kPerLane;
+    const S *gp = cptr<S>(g), *up = cptr<S>(u);
+    S* op = mptr<S>(out);
+    at::parallel_for(
+        0, rows, std::max<int64_t>(1, arith::kGrain / std::max<int64_t>(w, 1)),
+        [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const S* gr = gp + r * w;  // column col of the map
+            const S* ur = up + r * w;
+            S* orow = op + r * F;
+            // A run [a, b) of the whole pass: pairs of vectors up to b - (b - a) %
+            // step, the scalar formula after; this chunk takes its part of each.
+            auto run = [&](int64_t a, int64_t b) {
+              const int64_t v = b - (b - a) % step;
+              const int64_t v0 = std::max(a, col), v1 = std::min(v, end);
+              if (v0 < v1) {
+                silu_mul_as(k, gr + (v0 - col), ur + (v0 - col), orow + v0, v1 - v0, true, step);
+              }
+              const int64_t s0 = std::max(v, col), s1 = std::min(b, end);
+              if (s0 < s1) {
+                silu_mul_as(k, gr + (s0 - col), ur + (s0 - col), orow + s0, s1 - s0, false, step);
+              }
+            };
+            const int64_t row0 = r * F;
+            auto it = std::upper_bound(starts.begin(), starts.end(), row0);
+            int64_t a = 0;
+            for (; it != starts.end() && *it < row0 + F; ++it) {
+              run(a, *it - row0);
+              a = *it - row0;
+            }
+            run(a, F);
+          }
+        });
   });
 }
 

@@ -76,4 +76,12 @@ void fused_qk_norm_rope(const at::Tensor& out, const at::Tensor& proj, int64_t h
 // also match at every thread count.
 void fused_swiglu(const at::Tensor& out, const at::Tensor& g);
 
+// Columns [col, col + w) of what fused_swiglu(out, [G | U]) writes, from those columns of the gate
+// half, g [rows, w], and of the other half, u [rows, w] (both contiguous); out [rows, F] is the
+// whole contiguous map. Each element takes the exp (SLEEF's in pairs of vectors or the scalar
+// tail's) that it takes in the whole map's pass at this thread count, so that the chunks together
+// give the whole pass's bits: what lets the MLP compute w12 a pair of column chunks at a time.
+void fused_swiglu_columns(const at::Tensor& out, const at::Tensor& g, const at::Tensor& u,
+                          int64_t col);
+
 }  // namespace sapiens_seg::core::v2

@@ -1,14 +1,19 @@
 #include "sapiens2.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <numbers>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <tuple>
 
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include "../attention/cpu_attention.hpp"
@@ -26,6 +31,12 @@ constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the hea
 constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
 constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the MLP (bfloat16 and float16 on the CPU)
 constexpr int64_t kMaxFusedHeadDim = 512;  // cpu::aten_arith::kMaxHeadDim
+// Columns of w12 per chunk of the float32 MLP where the CPU's rule takes chunks: a pair of
+// [M, 1024] chunks is 25 MB at 3077 tokens. benchmarks/mlp_bench.cpp on Zen 3 (2026-12-07,
+// benchmarks/results/amd-zen3/cpu-mlp-columns.json, three runs): 0.4b's w12 and gate 1.09-1.11x
+// as fast as whole with 1024 or 512 columns, 1.05x with 256; 1b's level with 512 or 1024
+// (0.98-1.04x), 0.97x with 256.
+constexpr int64_t kMlpColumns = 1024;
 
 [[noreturn]] void refuse(const std::string& what) {
   throw Error(ErrorCode::kFormatError, "not a Sapiens2 segmentation checkpoint: " + what);
@@ -68,6 +79,16 @@ at::Tensor backbone_linear(const at::Tensor& t, const at::Tensor& w, const at::T
 // SAPIENS_SEG_CPU_FUSE: the CPU network's fused passes (on, the default) or the module's ops one
 // by one (off), read per call.
 bool fused_enabled();
+
+// SAPIENS_SEG_CPU_MLP_COLUMNS: the float32 MLP's column chunk width (0: the whole w12 at once).
+int64_t mlp_column_width(int64_t F);
+
+// Whether the BLAS gives a chunk of a GEMM's output columns the bits of the whole GEMM's at one
+// shape: {M, K, N, chunk width, threads} -> exact. The first fused call at a shape measures it
+// (block_fused); it is a fact of this process's BLAS on this CPU, kept for the process.
+using SplitKey = std::array<int64_t, 5>;
+std::optional<bool> column_split_known(const SplitKey& key);
+void record_column_split(const SplitKey& key, bool exact);
 
 at::Tensor norm_silu(at::Tensor y) {
   y = at::instance_norm(y, {}, {}, {}, {}, /*use_input_stats=*/true, /*momentum=*/0.1,
@@ -392,8 +413,9 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
   seg_w_ = get("decode_head.conv_seg.weight");
   seg_b_ = get("decode_head.conv_seg.bias");
   if (device.is_cpu()) {
-    cpu_head_ = head::CpuHead({deconv_w_, conv_w_, conv_b_, seg_w_, seg_b_},
-                              head::cpu_head_path(dtype, seg_w_.size(1)));
+    cpu_head_ =
+        head::CpuHead({deconv_w_, conv_w_, conv_b_, seg_w_, seg_b_},
+                      head::cpu_head_path(dtype, seg_w_.size(1)), head::cpu_head_winograd(dtype));
   }
 }
 
@@ -438,6 +460,11 @@ struct Network::Pass {
   at::Tensor qr, kr;   // q and k normalised and rotated, [B, heads, N, hd] (q a view of [B, N,
                        // heads, hd]; kr: its leading part)
   at::Tensor g, a, r;  // the MLP's maps: float32 [M, 2F] and [M, F]; bfloat16 row chunks
+  // float32: w12 by column chunks of mlp_width where the BLAS gives them the whole GEMM's bits
+  // (mlp_cols, once known); mlp_probe: the first block checks it. gu: a chunk pair [2, M, width].
+  int64_t mlp_width = 0, mlp_cols = 0;
+  bool mlp_probe = false;
+  at::Tensor gu;
 };
 
 at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
@@ -472,6 +499,49 @@ at::Tensor Network::blocks(at::Tensor x, size_t first, size_t end) const {
 }
 
 namespace {
+struct ColumnSplits {
+  std::mutex m;
+  std::map<SplitKey, bool> exact;
+};
+ColumnSplits& column_splits() {
+  static ColumnSplits splits;
+  return splits;
+}
+
+std::optional<bool> column_split_known(const SplitKey& key) {
+  ColumnSplits& cs = column_splits();
+  const std::lock_guard<std::mutex> lock(cs.m);
+  const auto it = cs.exact.find(key);
+  if (it == cs.exact.end()) return std::nullopt;
+  return it->second;
+}
+
+void record_column_split(const SplitKey& key, bool exact) {
+  ColumnSplits& cs = column_splits();
+  const std::lock_guard<std::mutex> lock(cs.m);
+  cs.exact[key] = exact;
+}
+
+int64_t mlp_column_width(int64_t F) {
+  const std::string v = read_settings().cpu_mlp_columns;
+  int64_t width = mlp_columns_for(host_cpu_features());
+  if (v == "off") {
+    width = 0;
+  } else if (!v.empty() && v != "auto") {
+    const bool digits = v.size() <= 9 && std::all_of(v.begin(), v.end(), [](unsigned char ch) {
+                          return std::isdigit(ch) != 0;
+                        });
+    width = digits ? std::stoll(v) : 0;
+    if (width <= 0) {
+      throw Error(ErrorCode::kInvalidInput,
+                  "SAPIENS_SEG_CPU_MLP_COLUMNS must be 'auto', 'off' or a positive column count, "
+                  "got '" +
+                      v + "'");
+    }
+  }
+  return width < F ? width : 0;
+}
+
 bool fused_enabled() {
   const std::string v = read_settings().cpu_fuse;
   if (v.empty() || v == "on") return true;
@@ -485,8 +555,23 @@ at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end,
   const auto& c = config_;
   const int64_t B = pass.batch, N = pass.tokens, C = c.embed_dim, M = B * N;
   int64_t F = 0;
-  for (size_t i = first; i < end; ++i) F = std::max(F, blocks_[i].w3_w.size(1));
+  bool one_width = true;
+  for (size_t i = first; i < end; ++i) {
+    one_width = one_width && (F == 0 || F == blocks_[i].w3_w.size(1));
+    F = std::max(F, blocks_[i].w3_w.size(1));
+  }
   const auto opt = x0.options();
+  // float32: w12 a pair of column chunks at a time (gate columns and their multipliers), each
+  // pair's SwiGLU while the pair is in cache, where this CPU's BLAS gives a chunk the whole GEMM's
+  // bits. MKL on Zen 3 does; the whole [M, 2F] map (100 MB at 0.4b) went to memory and back, and
+  // its bias copy and GEMM ran 10 % slower than on chunks of 512 columns (docs/cpu.md).
+  if (dtype_ == at::kFloat && one_width) pass.mlp_width = mlp_column_width(F);
+  if (pass.mlp_width > 0) {
+    const auto known = column_split_known({M, C, 2 * F, pass.mlp_width, at::get_num_threads()});
+    if (known.value_or(false)) pass.mlp_cols = pass.mlp_width;
+    pass.mlp_probe = !known.has_value();
+    if (pass.mlp_cols > 0 || pass.mlp_probe) pass.gu = at::empty({2 * M * pass.mlp_width}, opt);
+  }
   pass.h = at::empty({B, N, C}, opt);
   for (at::Tensor& t : pass.x) t = at::empty({B, N, C}, opt);
   pass.q = at::empty({M, C}, opt);
@@ -500,7 +585,7 @@ at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end,
   // them); bfloat16: kMlpRows rows at a time, so that each chunk's [rows, 2F] map stays in cache
   // between its GEMMs and the gate.
   const int64_t mlp_rows = dtype_ == at::kFloat ? M : std::min(kMlpRows, M);
-  pass.g = at::empty({mlp_rows * 2 * F}, opt);
+  pass.g = at::empty({pass.mlp_cols > 0 ? 0 : mlp_rows * 2 * F}, opt);
   pass.a = at::empty({mlp_rows * F}, opt);
   if (dtype_ != at::kFloat) pass.r = at::empty({mlp_rows, C}, opt);
   fused_rms_norm(pass.h, x0, blocks_[first].ln1_w, kRmsNormEps);
@@ -562,10 +647,40 @@ at::Tensor Network::block_fused(const Block& b, const at::Tensor& x, const at::T
   // SwiGLU: w12 (rows [0, F) the gate, [F, 2F) its multiplier), the gate in one pass, w3, and
   // the residual add with the next block's first norm in one more.
   if (f32) {
-    const at::Tensor g =
-        linear_into(pass.g.narrow(0, 0, M * 2 * F).view({M, 2 * F}), h, b.w12_w, b.w12_b);
     const at::Tensor a = pass.a.narrow(0, 0, M * F).view({M, F});
-    fused_swiglu(a, g);
+    // Columns [j, j + w) of the gate half and of the multiplier half into pass.gu.
+    auto w12_columns = [&](int64_t j, int64_t w) {
+      const at::Tensor gc = linear_into(pass.gu.narrow(0, 0, M * w).view({M, w}), h,
+                                        b.w12_w.narrow(0, j, w), b.w12_b.narrow(0, j, w));
+      const at::Tensor uc = linear_into(pass.gu.narrow(0, M * w, M * w).view({M, w}), h,
+                                        b.w12_w.narrow(0, F + j, w), b.w12_b.narrow(0, F + j, w));
+      return std::pair{gc, uc};
+    };
+    if (pass.mlp_cols > 0) {
+      for (int64_t j = 0; j < F; j += pass.mlp_cols) {
+        const auto [gc, uc] = w12_columns(j, std::min(pass.mlp_cols, F - j));
+        fused_swiglu_columns(a, gc, uc, j);
+      }
+    } else {
+      const at::Tensor g =
+          linear_into(pass.g.narrow(0, 0, M * 2 * F).view({M, 2 * F}), h, b.w12_w, b.w12_b);
+      if (pass.mlp_probe) {
+        // The first chunk pair and the last (narrower where the width does not divide F) against
+        // the whole GEMM's columns, bit for bit; the chunks between are the first's shape.
+        pass.mlp_probe = false;
+        const int64_t width = pass.mlp_width;
+        bool exact = true;
+        for (const int64_t j : {int64_t{0}, (F - 1) / width * width}) {
+          const int64_t w = std::min(width, F - j);
+          const auto [gc, uc] = w12_columns(j, w);
+          exact = exact && gc.view(at::kInt).equal(g.narrow(1, j, w).view(at::kInt)) &&
+                  uc.view(at::kInt).equal(g.narrow(1, F + j, w).view(at::kInt));
+        }
+        record_column_split({M, C, 2 * F, width, at::get_num_threads()}, exact);
+        if (exact) pass.mlp_cols = width;
+      }
+      fused_swiglu(a, g);
+    }
     at::Tensor& x2 = x1.data_ptr() == xs[0].data_ptr() ? xs[1] : xs[0];
     linear_into(x2.view({M, C}), a, b.w3_w, b.w3_b);
     fused_add_rms_norm(x2, x1, x2, at::Tensor(), next_ln1, kRmsNormEps, pass.h);
@@ -711,6 +826,18 @@ at::Tensor Network::head_stage(size_t s, const at::Tensor& x) const {
 at::Tensor Network::classify(const at::Tensor& x) const {
   c10::InferenceMode guard;
   return at::conv2d(x, seg_w_, seg_b_);
+}
+
+std::optional<bool> mlp_column_split_exact(int64_t M, int64_t K, int64_t N, int64_t width,
+                                           int64_t threads) {
+  return column_split_known({M, K, N, width, threads});
+}
+
+int64_t mlp_columns_for(const CpuFeatures& cpu) {
+  // Measured on Zen 3 only (AVX2; kMlpColumns). AVX-512 CPUs run MKL's other kernels, with
+  // another blocking, beside caches of other sizes: whole until measured there
+  // (SAPIENS_SEG_CPU_MLP_COLUMNS=1024 tries it, benchmarks/mlp_bench.cpp measures it).
+  return cpu.avx512_core() ? 0 : kMlpColumns;
 }
 
 }  // namespace sapiens_seg::core::v2

@@ -12,6 +12,7 @@
 
 #include "../attention/rope.hpp"
 #include "../checkpoint/tensor_map.hpp"
+#include "../cpu/cpuid.hpp"
 #include "../head/cpu_head.hpp"
 
 namespace sapiens_seg::core::v2 {
@@ -124,5 +125,15 @@ class Network {
   at::Tensor seg_w_, seg_b_;
   head::CpuHead cpu_head_;  // the same head on the CPU, fused (empty elsewhere)
 };
+
+// The float32 MLP's column chunk width for a CPU (0: w12 whole), SAPIENS_SEG_CPU_MLP_COLUMNS
+// unset; the chunks are used only where the BLAS gives them the whole GEMM's bits (below).
+int64_t mlp_columns_for(const CpuFeatures& cpu);
+
+// Whether the float32 MLP's w12 GEMM, [M, K] x [K, N] at `threads` threads, gave chunks of
+// `width` output columns the whole GEMM's bits when a fused call of this process first ran that
+// shape (Network::blocks then computes w12 by chunks); nullopt before any call at the shape.
+std::optional<bool> mlp_column_split_exact(int64_t M, int64_t K, int64_t N, int64_t width,
+                                           int64_t threads);
 
 }  // namespace sapiens_seg::core::v2
