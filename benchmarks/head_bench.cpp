@@ -1,14 +1,15 @@
-// head_bench: the two paths of the CPU decoder head (core/head: sub-pixel GEMMs on LibTorch's
-// BLAS, or oneDNN's convolutions) against each other on the released heads' shapes at 1024x768,
-// same process, same threads, same input, alternating calls. The measurement behind
+// head_bench: the paths of the CPU decoder head (core/head: sub-pixel GEMMs on LibTorch's BLAS,
+// oneDNN's convolutions, Winograd F(2x2, 2x2) deconvolutions in float32) against each other on the
+// released heads' shapes at 1024x768, and on each of Sapiens2's deconvolutions alone; same
+// process, same threads, same input, calls in rotating order. The measurement behind
 // cpu_head_path (which path a CPU gets by default).
 //
 //   head_bench [--reps N] [--json FILE] [--only TEXT]
 //
-// Prints one row per case and dtype: median milliseconds of each path, GFLOP/s (the head's
-// multiply-adds: 16 taps per input pixel of each transposed convolution, one per pixel of each
-// 1x1 convolution) and the ratio (gemm / onednn; above 1 oneDNN is faster), plus the largest
-// difference between the two paths' logits.
+// Prints one row per case, dtype and path: median milliseconds, GFLOP/s of the direct
+// computation (16 multiply-adds per input pixel of each transposed convolution, one per pixel of
+// each 1x1 convolution; Winograd's own GEMMs are 9/16 of the deconvolutions'), the time against
+// the gemm path's (above 1: faster), and the largest difference from the gemm path's logits.
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -33,22 +34,26 @@ namespace head = sapiens_seg::core::head;
 
 struct Case {
   const char* name;
-  int64_t in_channels;
+  int64_t in_channels, grid_h, grid_w;  // the head's input
   std::vector<int64_t> deconv, conv;
   int64_t classes;
 };
 
 // The released heads (the project's spec; v1: VitHead with three 768-wide deconvolutions and
 // convolutions; Sapiens2: four deconvolutions 512..64, two 64-wide convolutions), on the 64 x 48
-// token grid of a 1024x768 input with patch 16.
+// token grid of a 1024x768 input with patch 16; then Sapiens2's deconvolutions one by one (each
+// with a 29-class classifier after it, a few percent of its work), for a per-layer choice.
 const Case kCases[] = {
-    {"v1 0.3b (C 1024)", 1024, {768, 768, 768}, {768, 768, 768}, 28},
-    {"sapiens2 0.4b (C 1024)", 1024, {512, 256, 128, 64}, {64, 64}, 29},
+    {"v1 0.3b (C 1024)", 1024, 64, 48, {768, 768, 768}, {768, 768, 768}, 28},
+    {"sapiens2 0.4b (C 1024)", 1024, 64, 48, {512, 256, 128, 64}, {64, 64}, 29},
+    {"s2 deconv 1024>512", 1024, 64, 48, {512}, {}, 29},
+    {"s2 deconv 512>256", 512, 128, 96, {256}, {}, 29},
+    {"s2 deconv 256>128", 256, 256, 192, {128}, {}, 29},
+    {"s2 deconv 128>64", 128, 512, 384, {64}, {}, 29},
 };
-constexpr int64_t kGridH = 64, kGridW = 48;
 
 double gflop(const Case& c) {
-  double f = 0, h = kGridH, w = kGridW, in = double(c.in_channels);
+  double f = 0, h = double(c.grid_h), w = double(c.grid_w), in = double(c.in_channels);
   for (int64_t out : c.deconv) {
     f += 2.0 * h * w * 16 * in * double(out);
     h *= 2, w *= 2, in = double(out);
@@ -94,46 +99,70 @@ int run(int argc, char** argv) {
   std::vector<at::ScalarType> dtypes{at::kFloat};
   if (sapiens_seg::core::host_cpu_features().avx512_bf16) dtypes.push_back(at::kBFloat16);
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-24s %-9s %10s %10s %9s %9s %7s %9s %s\n", "case", "dtype", "gemm_ms", "onednn_ms",
-              "gemm_GF/s", "dnn_GF/s", "ratio", "max|diff|", "default");
+  std::printf("%-24s %-9s %-9s %10s %9s %8s %9s %s\n", "case", "dtype", "path", "ms", "GF/s",
+              "vs_gemm", "max|diff|", "library default");
   for (const Case& c : kCases) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
     for (const at::ScalarType dtype : dtypes) {
       at::manual_seed(0);
       const head::HeadWeights w = weights(c, dtype);
-      const head::CpuHead gemm(w, head::CpuHeadPath::kGemm), dnn(w, head::CpuHeadPath::kOnednn);
-      const at::Tensor feat = at::randn({1, kGridH * kGridW, c.in_channels}).to(dtype);
-      std::vector<double> t_gemm, t_dnn;
-      double diff = 0;
-      for (int r = 0; r <= reps; ++r) {  // round 0 warms up; the order alternates
-        for (int k = 0; k < 2; ++k) {
-          const bool g = (r + k) % 2 == 0;
+      // The direct paths, Winograd on every deconvolution (float32), and the library's default
+      // for this CPU (path and Winograd rule as a load would pick them).
+      const int64_t width = c.conv.empty() ? c.deconv.back() : c.conv.back();
+      struct Variant {
+        std::string name;
+        head::CpuHeadPath path;
+        head::Winograd wino;
+      };
+      const head::CpuHeadPath def_path = head::cpu_head_path(dtype, width);
+      std::vector<Variant> variants{{"gemm", head::CpuHeadPath::kGemm, head::Winograd::kOff},
+                                    {"onednn", head::CpuHeadPath::kOnednn, head::Winograd::kOff}};
+      if (dtype == at::kFloat) variants.push_back({"winograd", def_path, head::Winograd::kAll});
+      variants.push_back({"default", def_path, head::cpu_head_winograd(dtype)});
+      std::vector<head::CpuHead> heads;
+      for (const auto& v : variants) heads.emplace_back(w, v.path, v.wino);
+      const at::Tensor feat = at::randn({1, c.grid_h * c.grid_w, c.in_channels}).to(dtype);
+      const size_t n = heads.size();
+      std::vector<std::vector<double>> times(n);
+      std::vector<double> diff(n, 0.0);
+      at::Tensor ref;
+      for (int r = 0; r <= reps; ++r) {  // round 0 warms up and compares; the order rotates
+        for (size_t k = 0; k < n; ++k) {
+          const size_t i = (k + static_cast<size_t>(r)) % n;
           const auto t0 = Clock::now();
-          const at::Tensor y = (g ? gemm : dnn).forward(feat, kGridH, kGridW);
+          const at::Tensor y = heads[i].forward(feat, c.grid_h, c.grid_w);
           const double ms = ms_since(t0);
-          if (r > 0) (g ? t_gemm : t_dnn).push_back(ms);
-          if (r == 0 && k == 1) {
-            const at::Tensor other = (g ? dnn : gemm).forward(feat, kGridH, kGridW);
-            diff = (y.to(at::kFloat) - other.to(at::kFloat)).abs().max().item<double>();
+          if (r > 0) times[i].push_back(ms);
+          if (r == 0 && i == 0) ref = y.to(at::kFloat);
+        }
+        if (r == 0) {
+          for (size_t i = 1; i < n; ++i) {
+            const at::Tensor y = heads[i].forward(feat, c.grid_h, c.grid_w).to(at::kFloat);
+            diff[i] = (y - ref).abs().max().item<double>();
           }
         }
       }
-      const double a = bench::median(t_gemm), b = bench::median(t_dnn), gf = gflop(c);
+      const double gf = gflop(c), base = bench::median(times[0]);
       const char* dt = dtype == at::kFloat ? "float32" : "bfloat16";
-      const char* def = head::to_string(head::cpu_head_path(dtype, c.conv.back()));
-      std::printf("%-24s %-9s %10.1f %10.1f %9.1f %9.1f %6.2fx %9.2g %s\n", c.name, dt, a, b,
-                  gf / a * 1e3, gf / b * 1e3, a / b, diff, def);
-      std::fflush(stdout);
-      rows.push_back({{"case", c.name},
-                      {"dtype", dt},
-                      {"gemm_ms", a},
-                      {"onednn_ms", b},
-                      {"gemm_calls_ms", t_gemm},
-                      {"onednn_calls_ms", t_dnn},
-                      {"gflop", gf},
-                      {"ratio_gemm_over_onednn", a / b},
-                      {"logits_max_abs_diff", diff},
-                      {"default_path", def}});
+      const std::string def = std::string(head::to_string(def_path)) + ", winograd " +
+                              head::to_string(head::cpu_head_winograd(dtype)) + " (" +
+                              std::to_string(heads.back().winograd_layers()) + " layers)";
+      for (size_t i = 0; i < n; ++i) {
+        const double ms = bench::median(times[i]);
+        const char* name = variants[i].name.c_str();
+        std::printf("%-24s %-9s %-9s %10.1f %9.1f %7.2fx %9.2g %s\n", c.name, dt, name, ms,
+                    gf / ms * 1e3, base / ms, diff[i], def.c_str());
+        std::fflush(stdout);
+        rows.push_back({{"case", c.name},
+                        {"dtype", dt},
+                        {"path", name},
+                        {"ms", ms},
+                        {"calls_ms", times[i]},
+                        {"gflop", gf},
+                        {"gemm_ms_over_ms", base / ms},
+                        {"logits_max_abs_diff_from_gemm", diff[i]},
+                        {"default_path", def}});
+      }
     }
   }
   if (!json_out.empty()) {

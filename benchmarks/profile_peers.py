@@ -24,9 +24,14 @@ oneDNN's verbose log, summed per primitive (kind, implementation, problem) into
 aten::_convolution's self time, and every reorder. --skip-peers profiles the portable columns
 only (another build's profile beside a run that has the peers).
 
+Each column runs in a process of its own (this script again, with --column), one after the
+other: with the peers loaded beside it, the library's column ran 26 % slower on a 2-core Zen 3
+(Sapiens2 0.4b float32: 32.0 s against 25.4 s alone, 2026-12-07), the runtimes' thread pools
+competing. --same-process keeps every column in this one (as before that was found).
+
     python benchmarks/profile_peers.py --model FILE.pt2|.safetensors --onnx FILE.onnx \
         [--calls 3] [--threads N] [--dtypes float32,bfloat16] [--onednn-verbose 1] \
-        [--skip-peers] [--json OUT]
+        [--skip-peers] [--same-process] [--json OUT]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import collections
 import glob
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -257,8 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemm-shapes", action="store_true",
                     help="time every addmm shape of the portable network alone as well "
                          "(`gemm_at_network_shapes`: the GEMM ceiling at the network's shapes)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="every column in this process (default: a process per column)")
+    ap.add_argument("--column", help=argparse.SUPPRESS)  # a child's one column
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -285,22 +295,38 @@ def main(argv: list[str] | None = None) -> int:
     out["meta"]["machine"] = machine_facts()
     out["meta"]["loadavg_before"] = list(os.getloadavg())
     prims = {}
+    columns = [f"portable {dt}" for dt in args.dtypes.split(",")]
+    if not args.skip_peers:
+        columns += ["onnxruntime", "openvino f32", "openvino default"]
+    if args.column:
+        columns = [args.column]
+    out["meta"]["processes"] = "one" if args.same_process else "one per column"
     with tempfile.TemporaryDirectory() as tmp:
-        for dt in args.dtypes.split(","):
-            col = f"portable {dt}"
-            out["ms_per_call"][col], prims[col], extras = profile_portable(
-                args.model, x, args.calls, dt, args.onednn_verbose, args.gemm_shapes)
-            out.setdefault("wall_ms_per_call", {})[col] = extras["wall_ms"]
-            if "gemm_at_network_shapes" in extras:
-                out.setdefault("gemm_at_network_shapes", {})[col] = (
-                    extras["gemm_at_network_shapes"])
-        if not args.skip_peers:
-            out["ms_per_call"]["onnxruntime"] = profile_ort(args.onnx, x, args.calls, threads,
-                                                            tmp)
-            out["ms_per_call"]["openvino f32"] = profile_ov(args.onnx, x, args.calls, threads,
-                                                            "f32")
-            out["ms_per_call"]["openvino default"] = profile_ov(args.onnx, x, args.calls,
-                                                                threads, None)
+        for col in columns:
+            if not (args.same_process or args.column):
+                child = run_column(argv, col, tmp)
+                for key in ("ms_per_call", "wall_ms_per_call", "gemm_at_network_shapes"):
+                    if col in child.get(key, {}):
+                        out.setdefault(key, {})[col] = child[key][col]
+                prims[col] = child.get("onednn_primitives", {}).get(col, {})
+            elif col.startswith("portable "):
+                out["ms_per_call"][col], prims[col], extras = profile_portable(
+                    args.model, x, args.calls, col.split()[1], args.onednn_verbose,
+                    args.gemm_shapes)
+                out.setdefault("wall_ms_per_call", {})[col] = extras["wall_ms"]
+                if "gemm_at_network_shapes" in extras:
+                    out.setdefault("gemm_at_network_shapes", {})[col] = (
+                        extras["gemm_at_network_shapes"])
+            elif col == "onnxruntime":
+                out["ms_per_call"][col] = profile_ort(args.onnx, x, args.calls, threads, tmp)
+            else:
+                out["ms_per_call"][col] = profile_ov(args.onnx, x, args.calls, threads,
+                                                     "f32" if col == "openvino f32" else None)
+    if args.column:  # a child: its column as measured, for the parent to merge
+        out["onednn_primitives"] = {k: v for k, v in prims.items() if v}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f)
+        return 0
     out["meta"]["loadavg_after"] = list(os.getloadavg())
     # Per op name -> per kind.
     out["by_op"] = out.pop("ms_per_call")
@@ -333,6 +359,24 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=2)
     return 0
+
+
+def run_column(argv: list[str], column: str, tmp: str) -> dict:
+    """This script again on one column, in a fresh process; its raw (per op name) result."""
+    rest, skip = [], False
+    for a in argv:  # the parent's flags, less --json and its value
+        if skip:
+            skip = False
+        elif a == "--json":
+            skip = True
+        elif not a.startswith("--json="):
+            rest.append(a)
+    path = os.path.join(tmp, f"column-{len(os.listdir(tmp))}.json")
+    print(f"profile_peers: {column} in its own process ...", flush=True)
+    subprocess.run([sys.executable, os.path.abspath(__file__), *rest, "--column", column,
+                    "--json", path], check=True)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 if __name__ == "__main__":

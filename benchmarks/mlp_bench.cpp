@@ -1,0 +1,128 @@
+// mlp_bench: Sapiens2's float32 CPU MLP gate (w12 and SwiGLU) the two ways the fused blocks run
+// it: w12 whole into an [M, 2F] map then fused_swiglu, as the authors' module does, or w12 a pair
+// of column chunks at a time with fused_swiglu_columns (SAPIENS_SEG_CPU_MLP_COLUMNS). Random maps
+// of the released models' shapes (0.4b: C 1024, F 4096; 1b: C 1536, F 6144) at 1024x768 (3072
+// patches and 5 prefix tokens), same process, same threads, the ways in rotating order round by
+// round so that a change in the machine's speed hits them alike.
+//
+//   mlp_bench [--reps N] [--json FILE] [--only TEXT]
+//
+// Prints, per shape and way: the median milliseconds, GFLOP/s of w12, the median over rounds of
+// the whole way's time over this way's within the same round (above 1: faster), and whether the
+// output has the whole way's bits (the chunks are used by the library only where they do).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/version.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_util.hpp"
+#include "core/v2/cpu_ops.hpp"
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t tokens, C, F;
+};
+
+int run(int argc, char** argv) {
+  bench::Args args{9, "", ""};
+  if (!bench::parse_args(argc, argv, "mlp_bench [--reps N] [--json FILE] [--only TEXT]", args)) {
+    return 2;
+  }
+  c10::InferenceMode guard;
+  const std::vector<Shape> shapes = {{"0.4b", 3077, 1024, 4096}, {"1b", 3077, 1536, 6144}};
+  const std::vector<int64_t> widths = {0, 256, 512, 1024};  // 0: whole
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Shape& s : shapes) {
+    if (!args.only.empty() && std::string(s.name).find(args.only) == std::string::npos) continue;
+    const int64_t M = s.tokens, C = s.C, F = s.F;
+    at::manual_seed(3);
+    const at::Tensor h = at::randn({M, C});
+    const at::Tensor w12 = at::randn({2 * F, C}) * (1.0 / std::sqrt(static_cast<double>(C)));
+    const at::Tensor b12 = at::randn({2 * F}) * 0.1;
+    const at::Tensor g = at::empty({M, 2 * F});
+    const at::Tensor gu = at::empty({2 * M * widths.back()});
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < widths.size(); ++i) outs.push_back(at::empty({M, F}));
+    auto way = [&](size_t i) {
+      const int64_t width = widths[i];
+      if (width == 0) {
+        at::Tensor o = g;
+        at::addmm_out(o, b12, h, w12.t());
+        sapiens_seg::core::v2::fused_swiglu(outs[i], g);
+        return;
+      }
+      for (int64_t j = 0; j < F; j += width) {
+        const int64_t w = std::min(width, F - j);
+        at::Tensor gc = gu.narrow(0, 0, M * w).view({M, w});
+        at::Tensor uc = gu.narrow(0, M * w, M * w).view({M, w});
+        at::addmm_out(gc, b12.narrow(0, j, w), h, w12.narrow(0, j, w).t());
+        at::addmm_out(uc, b12.narrow(0, F + j, w), h, w12.narrow(0, F + j, w).t());
+        sapiens_seg::core::v2::fused_swiglu_columns(outs[i], gc, uc, j);
+      }
+    };
+    std::vector<std::vector<double>> times(widths.size());
+    for (size_t i = 0; i < widths.size(); ++i) way(i);  // warm-up
+    for (int r = 0; r < args.reps; ++r) {
+      for (size_t k = 0; k < widths.size(); ++k) {
+        const size_t i = (k + static_cast<size_t>(r)) % widths.size();
+        const auto t0 = std::chrono::steady_clock::now();
+        way(i);
+        times[i].push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+    }
+    const double gflop =
+        2.0 * static_cast<double>(M) * static_cast<double>(C) * 2.0 * static_cast<double>(F) / 1e9;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      std::vector<double> ratios(times[i].size());
+      for (size_t r = 0; r < ratios.size(); ++r) ratios[r] = times[0][r] / times[i][r];
+      const double ms = bench::median(times[i]);
+      const bool same = outs[i].view(at::kInt).equal(outs[0].view(at::kInt));
+      const std::string name = widths[i] == 0 ? "whole" : "columns " + std::to_string(widths[i]);
+      std::printf("%-5s %-13s %8.1f ms  %6.1f GFLOP/s  whole/this %.3f  %s\n", s.name, name.c_str(),
+                  ms, gflop / ms * 1e3, bench::median(ratios),
+                  same ? "bit-identical" : "DIFFERENT BITS");
+      rows.push_back({{"shape", s.name},
+                      {"tokens", M},
+                      {"C", C},
+                      {"F", F},
+                      {"way", name},
+                      {"ms", ms},
+                      {"calls_ms", times[i]},
+                      {"gflop_w12", gflop},
+                      {"whole_over_this_paired_median", bench::median(ratios)},
+                      {"bit_identical_to_whole", same}});
+    }
+  }
+  if (!args.json_out.empty()) {
+    nlohmann::json out = bench::machine_json();
+    out["libtorch"] = TORCH_VERSION;
+    out["reps"] = args.reps;
+    out["rows"] = rows;
+    std::ofstream(args.json_out) << out.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlp_bench: %s\n", e.what());
+    return 1;
+  }
+}
