@@ -98,7 +98,8 @@ constexpr std::array kVariables{
              "The CPU decoder head's float32 transposed convolutions by Winograd F(2x2, 2x2): "
              "`on` the wide ones (at least 128 channels in and out) on any CPU, `all` every one, "
              "`off` none, `auto` the CPU's rule (another value is an `invalid_input` error)",
-             "`auto`: the wide float32 layers on CPUs without AVX-512 (docs/cpu.md)", kEachCall},
+             "`auto`: the wide float32 layers, except on AMD CPUs with AVX-512 (docs/cpu.md)",
+             kEachCall},
     Variable{"SAPIENS_SEG_CPU_ATTENTION",
              "`libtorch` runs LibTorch's attention on the CPU, `kernel` the library's kernel "
              "wherever the CPU can run it (other values are ignored)",
@@ -113,7 +114,7 @@ constexpr std::array kVariables{
              "output columns (gate and multiplier) with the SwiGLU of each chunk pair, `auto` the "
              "CPU's rule; chunks are used only where the first call at a shape finds them "
              "bit-identical to the whole GEMM (another value is an `invalid_input` error)",
-             "`auto`: chunks of 1024 on CPUs without AVX-512, whole elsewhere (docs/cpu.md)",
+             "`auto`: chunks of 1024, except on AMD CPUs with AVX-512 (whole there; docs/cpu.md)",
              kEachCall},
     Variable{"SAPIENS_SEG_CPU_FLAGS",
              "Replaces the CPU's `/proc/cpuinfo` flags (comma- or space-separated) in the dtype "

@@ -629,7 +629,7 @@ TEST(UnitNetwork, Sapiens2MlpColumnsRule) {
   const TestCpus c;
   EXPECT_EQ(core::v2::mlp_columns_for(c.zen3), 1024);
   EXPECT_EQ(core::v2::mlp_columns_for(c.intel_avx2), 1024);
-  EXPECT_EQ(core::v2::mlp_columns_for(c.intel_avx512), 0);
+  EXPECT_EQ(core::v2::mlp_columns_for(c.intel_avx512), 1024);
   EXPECT_EQ(core::v2::mlp_columns_for(c.zen4), 0);
   EXPECT_EQ(core::v2::mlp_columns_for(c.zen5), 0);
 }
@@ -642,7 +642,9 @@ TEST(UnitNetwork, CpuHeadWinogradRule) {
   EXPECT_EQ(cpu_head_winograd_for(c.zen3, at::kFloat), Winograd::kWide);
   EXPECT_EQ(cpu_head_winograd_for(c.intel_avx2, at::kFloat), Winograd::kWide);
   EXPECT_EQ(cpu_head_winograd_for(c.intel_avx2, at::kBFloat16), Winograd::kOff);
-  EXPECT_EQ(cpu_head_winograd_for(c.intel_avx512, at::kFloat), Winograd::kOff);
+  EXPECT_EQ(cpu_head_winograd_for(c.intel_avx512, at::kFloat), Winograd::kWide);
+  EXPECT_EQ(cpu_head_winograd_for(c.intel_avx512, at::kBFloat16), Winograd::kOff);
+  EXPECT_EQ(cpu_head_winograd_for(c.zen5, at::kFloat), Winograd::kOff);
   EXPECT_EQ(cpu_head_winograd_for(c.zen4, at::kFloat), Winograd::kOff);
   EXPECT_EQ(cpu_head_winograd(at::kFloat),
             cpu_head_winograd_for(core::host_cpu_features(), at::kFloat));

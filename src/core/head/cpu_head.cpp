@@ -241,9 +241,12 @@ Winograd cpu_head_winograd_for(const CpuFeatures& cpu, at::ScalarType dtype) {
   if (dtype != at::kFloat) return Winograd::kOff;  // its transforms are float32 passes
   // Measured by head_bench on Zen 3 (2026-12-07, 2 cores, AVX2; benchmarks/results/amd-zen3/
   // cpu-head-winograd.json): v1's head 10.1-11.2 s against 12.5 s with oneDNN's deconvolutions,
-  // Sapiens2's 1.47 against 1.65 s. Not measured on AVX-512 CPUs, whose GEMMs run about twice as
-  // fast beside the same memory-bound transforms.
-  return cpu.avx512_core() ? Winograd::kOff : Winograd::kWide;
+  // Sapiens2's 1.47 against 1.65 s. On an AMX Xeon (Intel AVX-512, 2026-12-07, intel-xeon-amx/
+  // cpu-head-winograd-amx.json): v1's head 5.26 s against 6.44 s with the sub-pixel GEMMs (its
+  // default there), Sapiens2's wide layers 0.12-0.20 s against 0.16-0.21 s, its 128 -> 64 0.34
+  // against oneDNN's 0.29 s (kWide leaves that one to oneDNN). Not measured on AMD's AVX-512
+  // cores (Zen 4; Zen 5's float32 GEMMs are oneDNN's, where cpu_head_winograd says kOff).
+  return cpu.amd && cpu.avx512_core() ? Winograd::kOff : Winograd::kWide;
 }
 
 Winograd cpu_head_winograd(at::ScalarType dtype) {

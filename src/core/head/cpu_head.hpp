@@ -58,9 +58,9 @@ inline constexpr int64_t kWinogradMinChannels = 128;
 // GEMMs are LibTorch's BLAS; another value is an Error(kInvalidInput)). Other dtypes than float32
 // always get kOff.
 Winograd cpu_head_winograd(at::ScalarType dtype);
-// The rule: kWide for float32 on CPUs without AVX-512, where it was measured (head_bench, Zen 3:
-// v1's head 1.1-1.2x, Sapiens2's 1.12x as fast as with oneDNN's deconvolutions); kOff elsewhere,
-// where it has not been.
+// The rule: kWide for float32 except on AMD's AVX-512 cores, where it has not been measured
+// (head_bench: Zen 3 v1's head 1.1-1.2x, Sapiens2's 1.12x as fast as with oneDNN's
+// deconvolutions; AMX Xeon v1's 1.22x as fast as with the sub-pixel GEMMs).
 Winograd cpu_head_winograd_for(const CpuFeatures& cpu, at::ScalarType dtype);
 
 // The weights as the checkpoints store them (already in the network's dtype, on the CPU):

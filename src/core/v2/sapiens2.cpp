@@ -35,7 +35,9 @@ constexpr int64_t kMaxFusedHeadDim = 512;  // cpu::aten_arith::kMaxHeadDim
 // [M, 1024] chunks is 25 MB at 3077 tokens. benchmarks/mlp_bench.cpp on Zen 3 (2026-12-07,
 // benchmarks/results/amd-zen3/cpu-mlp-columns.json, three runs): 0.4b's w12 and gate 1.09-1.11x
 // as fast as whole with 1024 or 512 columns, 1.05x with 256; 1b's level with 512 or 1024
-// (0.98-1.04x), 0.97x with 256.
+// (0.98-1.04x), 0.97x with 256. On an AMX Xeon (Intel AVX-512, 2026-12-07, intel-xeon-amx/
+// cpu-mlp-columns-amx.json, three runs): 0.4b 1.02-1.03x with 1024 columns, 1b 1.00-1.02x, 256
+// columns 0.95-0.97x.
 constexpr int64_t kMlpColumns = 1024;
 
 [[noreturn]] void refuse(const std::string& what) {
@@ -834,10 +836,10 @@ std::optional<bool> mlp_column_split_exact(int64_t M, int64_t K, int64_t N, int6
 }
 
 int64_t mlp_columns_for(const CpuFeatures& cpu) {
-  // Measured on Zen 3 only (AVX2; kMlpColumns). AVX-512 CPUs run MKL's other kernels, with
-  // another blocking, beside caches of other sizes: whole until measured there
-  // (SAPIENS_SEG_CPU_MLP_COLUMNS=1024 tries it, benchmarks/mlp_bench.cpp measures it).
-  return cpu.avx512_core() ? 0 : kMlpColumns;
+  // Measured on Zen 3 (AVX2) and on Intel's AVX-512 cores (kMlpColumns). AMD's AVX-512 cores
+  // (Zen 4, Zen 5) run MKL's other kernels beside caches of other sizes: whole until measured
+  // there (SAPIENS_SEG_CPU_MLP_COLUMNS=1024 tries it, benchmarks/mlp_bench.cpp measures it).
+  return cpu.amd && cpu.avx512_core() ? 0 : kMlpColumns;
 }
 
 }  // namespace sapiens_seg::core::v2
