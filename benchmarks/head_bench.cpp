@@ -120,6 +120,7 @@ int run(int argc, char** argv) {
       if (dtype == at::kFloat) variants.push_back({"winograd", def_path, head::Winograd::kAll});
       variants.push_back({"default", def_path, head::cpu_head_winograd(dtype)});
       std::vector<head::CpuHead> heads;
+      heads.reserve(variants.size());
       for (const auto& v : variants) heads.emplace_back(w, v.path, v.wino);
       const at::Tensor feat = at::randn({1, c.grid_h * c.grid_w, c.in_channels}).to(dtype);
       const size_t n = heads.size();

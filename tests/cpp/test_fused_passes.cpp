@@ -419,8 +419,8 @@ TEST(UnitFusedPasses, Sapiens2NetworkIsBitIdenticalWithTheFusionOnAndOff) {
           ::setenv("SAPIENS_SEG_CPU_MLP_COLUMNS", std::to_string(width).c_str(), 1);
           EXPECT_TRUE(same_bits(net.blocks(tokens, 0, net.config().depth), ref_blocks))
               << h << "x" << w << " in chunks of " << width;
-          const auto exact =
-              core::v2::mlp_column_split_exact(M, C, 2 * 320, width, at::get_num_threads());
+          const auto exact = core::v2::mlp_column_split_exact(M, C, int64_t{2} * 320, width,
+                                                              at::get_num_threads());
           ASSERT_TRUE(exact.has_value()) << "the first call did not check the chunks";
           // Later calls take the chunks (or not) without checking again.
           EXPECT_TRUE(same_bits(net.blocks(tokens, 0, net.config().depth), ref_blocks));

@@ -88,7 +88,7 @@ void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
 at::Tensor padded_input(const at::Tensor& act, const ChannelStats& stats, int64_t H, int64_t W,
                         int64_t rows, int64_t cols, int64_t spare) {
   const int64_t Cin = act.size(1);
-  const at::Tensor padded = at::empty({rows * cols + spare, Cin}, act.options());
+  at::Tensor padded = at::empty({rows * cols + spare, Cin}, act.options());
   const at::Tensor grid = padded.narrow(0, 0, rows * cols).view({rows, cols, Cin});
   grid.select(0, 0).zero_();
   grid.slice(0, H + 1, rows).zero_();
