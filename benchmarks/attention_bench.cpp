@@ -10,13 +10,11 @@
 // them over (v1: strided views of the fused qkv GEMM's output) and return merged heads.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
@@ -102,12 +100,6 @@ int main(int argc, char** argv) {
                       {"ratio_libtorch_over_kernel", a / b}});
     }
   }
-  if (!json_out.empty()) {
-    nlohmann::json out = bench::machine_json();
-    out["libtorch"] = TORCH_VERSION;
-    out["reps"] = reps;
-    out["rows"] = rows;
-    std::ofstream(json_out) << out.dump(2) << "\n";
-  }
+  bench::write_result(json_out, reps, rows);
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 namespace bench {
@@ -86,6 +87,17 @@ inline nlohmann::json machine_json() {
           {"cores", read_first("/proc/cpuinfo", "cpu cores")},
           {"threads", at::get_num_threads()},
           {"load_average", read_first("/proc/loadavg", "")}};
+}
+
+// A micro-benchmark's result file: the machine facts, the LibTorch version, the repetitions and
+// one object per row. Nothing is written when `path` is empty (the rows were printed).
+inline void write_result(const std::string& path, int reps, const nlohmann::json& rows) {
+  if (path.empty()) return;
+  nlohmann::json out = machine_json();
+  out["libtorch"] = TORCH_VERSION;
+  out["reps"] = reps;
+  out["rows"] = rows;
+  std::ofstream(path) << out.dump(2) << "\n";
 }
 
 }  // namespace bench

@@ -13,14 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
-#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
@@ -166,13 +164,7 @@ int run(int argc, char** argv) {
       }
     }
   }
-  if (!json_out.empty()) {
-    nlohmann::json out = bench::machine_json();
-    out["libtorch"] = TORCH_VERSION;
-    out["reps"] = reps;
-    out["rows"] = rows;
-    std::ofstream(json_out) << out.dump(2) << "\n";
-  }
+  bench::write_result(json_out, reps, rows);
   return 0;
 }
 

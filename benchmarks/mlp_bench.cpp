@@ -14,14 +14,12 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
-#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
@@ -106,13 +104,7 @@ int run(int argc, char** argv) {
                       {"bit_identical_to_whole", same}});
     }
   }
-  if (!args.json_out.empty()) {
-    nlohmann::json out = bench::machine_json();
-    out["libtorch"] = TORCH_VERSION;
-    out["reps"] = args.reps;
-    out["rows"] = rows;
-    std::ofstream(args.json_out) << out.dump(2) << "\n";
-  }
+  bench::write_result(args.json_out, args.reps, rows);
   return 0;
 }
 
