@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -530,11 +531,9 @@ int64_t mlp_column_width(int64_t F) {
   if (v == "off") {
     width = 0;
   } else if (!v.empty() && v != "auto") {
-    const bool digits = v.size() <= 9 && std::all_of(v.begin(), v.end(), [](unsigned char ch) {
-                          return std::isdigit(ch) != 0;
-                        });
-    width = digits ? std::stoll(v) : 0;
-    if (width <= 0) {
+    const char* last = v.data() + v.size();
+    const auto [end, ec] = std::from_chars(v.data(), last, width);
+    if (ec != std::errc() || end != last || width <= 0) {
       throw Error(ErrorCode::kInvalidInput,
                   "SAPIENS_SEG_CPU_MLP_COLUMNS must be 'auto', 'off' or a positive column count, "
                   "got '" +
