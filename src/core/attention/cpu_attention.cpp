@@ -36,13 +36,17 @@ namespace {
 // time, and kAvx2Rows rows per pass so that each K or V panel read from L2/L3 (0.8 MB each per
 // head at 1024x768) serves four such tiles, not one. On the Zen 1 CPU it was written on, whose
 // 128-bit FMA units are the limit either way, that moved it from 0.99-1.06x (one run, 6 rows
-// per pass) to 1.05-1.12x LibTorch's speed (benchmarks/results/cpu-attention-avx2.json).
+// per pass) to 1.05-1.12x LibTorch's speed (benchmarks/results/cpu-attention-avx2.json). The
+// AVX-512 paths take kAvx512Rows per pass for the same reason: on an AMX Xeon (2 MB of L2 per
+// core) that made the float32 kernel 1.04-1.06x (hd 60), 1.08-1.16x (hd 64) and 1.32-1.46x
+// (hd 80) as fast, with the same bits (benchmarks/README.md, "The CPU attention kernel").
 constexpr int64_t kRows = 6;
-constexpr int64_t kLanes = 16;            // floats per ZMM register
-constexpr int64_t kCols = 64;             // keys per score tile; N is padded to a multiple of it
-constexpr int64_t kMaxHeadDim = 128;      // 8 vectors of 16
-constexpr int64_t kAvx2Rows = 4 * kRows;  // query rows per pass of the AVX2 path (below)
-constexpr int64_t kTaskRows = 8 * kRows;  // a multiple of both paths' rows per pass
+constexpr int64_t kLanes = 16;              // floats per ZMM register
+constexpr int64_t kCols = 64;               // keys per score tile; N is padded to a multiple of it
+constexpr int64_t kMaxHeadDim = 128;        // 8 vectors of 16
+constexpr int64_t kAvx2Rows = 4 * kRows;    // query rows per pass of the AVX2 path (below)
+constexpr int64_t kAvx512Rows = 4 * kRows;  // and of the AVX-512 paths
+constexpr int64_t kTaskRows = 8 * kRows;    // a multiple of every path's rows per pass
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -265,12 +269,13 @@ SAPIENS_SEG_AVX512 void scores_f32(const float* q, int64_t hd, const float* kt, 
 template <int MR, int NV>
 SAPIENS_SEG_AVX512BF16 void weighted_bf16(const std::uint32_t* e, int64_t e_stride,
                                           const std::uint32_t* vp, int64_t pairs, float* o,
-                                          int64_t o_stride) {
+                                          int64_t o_stride, bool carry) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j)
+      acc[i][j] = carry ? _mm512_loadu_ps(o + i * o_stride + kLanes * j) : _mm512_setzero_ps();
   for (int64_t t = 0; t < pairs; ++t) {
     const std::uint32_t* vr = vp + t * NV * 16;
     __m512bh b[NV];
@@ -293,12 +298,13 @@ SAPIENS_SEG_AVX512BF16 void weighted_bf16(const std::uint32_t* e, int64_t e_stri
 
 template <int MR, int NV>
 SAPIENS_SEG_AVX512 void weighted_f32(const float* e, int64_t e_stride, const float* vp,
-                                     int64_t keys, float* o, int64_t o_stride) {
+                                     int64_t keys, float* o, int64_t o_stride, bool carry) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j)
+      acc[i][j] = carry ? _mm512_loadu_ps(o + i * o_stride + kLanes * j) : _mm512_setzero_ps();
   for (int64_t t = 0; t < keys; ++t) {
     const float* vr = vp + t * NV * 16;
     __m512 b[NV];
@@ -317,20 +323,35 @@ SAPIENS_SEG_AVX512 void weighted_f32(const float* e, int64_t e_stride, const flo
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(o + i * o_stride + kLanes * j, acc[i][j]);
 }
 
-// kRows rows of the weighted sum, in row groups that keep MR * NV accumulators within 24.
+// kAvx512Rows rows of the weighted sum, in row groups that keep MR * NV accumulators within 24.
+// Keys go in blocks of kCols, each block of V (16 KB at hd 64) read from L2 once and reused from
+// L1 by every row group; a group's sums are carried in o from block to block. The sums run over
+// the keys in order either way, so the result is the same to the bit as one pass over all keys.
 template <bool kBf16, int NV>
 void weighted_rows(const void* e, int64_t npad, const void* vp, float* o) {
   constexpr int MR = NV <= 4 ? kRows : kRows / 2;
-  for (int64_t r = 0; r < kRows; r += MR) {
-    if constexpr (kBf16) {
-      const auto* ew = static_cast<const std::uint32_t*>(e) + r * (npad / 2);
-      weighted_bf16<MR, NV>(ew, npad / 2, static_cast<const std::uint32_t*>(vp), npad / 2,
-                            o + r * NV * 16, NV * 16);
-    } else {
-      const float* ef = static_cast<const float*>(e) + r * npad;
-      weighted_f32<MR, NV>(ef, npad, static_cast<const float*>(vp), npad, o + r * NV * 16, NV * 16);
+  constexpr int64_t width = NV * 16;
+  for (int64_t k0 = 0; k0 < npad; k0 += kCols) {
+    for (int64_t r = 0; r < kAvx512Rows; r += MR) {
+      if constexpr (kBf16) {
+        const auto* ew = static_cast<const std::uint32_t*>(e) + r * (npad / 2) + k0 / 2;
+        const auto* vw = static_cast<const std::uint32_t*>(vp) + k0 / 2 * width;
+        weighted_bf16<MR, NV>(ew, npad / 2, vw, kCols / 2, o + r * width, width, k0 > 0);
+      } else {
+        const float* ef = static_cast<const float*>(e) + r * npad + k0;
+        const float* vf = static_cast<const float*>(vp) + k0 * width;
+        weighted_f32<MR, NV>(ef, npad, vf, kCols, o + r * width, width, k0 > 0);
+      }
     }
   }
+}
+
+// Scores of kAvx512Rows query rows against one packed 64-key tile, kRows rows per register tile:
+// the tile (hd x 64 floats, 16 KB at hd 64) is read from L2 once and reused from L1 by each group.
+template <class Word, void (*Tile)(const Word*, int64_t, const Word*, float*, int64_t)>
+void scores_rows(const Word* q, int64_t qw, const Word* kt, float* s, int64_t s_stride) {
+  for (int64_t g = 0; g < kAvx512Rows; g += kRows)
+    Tile(q + g * qw, qw, kt, s + g * s_stride, s_stride);
 }
 
 template <bool kBf16>
@@ -564,10 +585,12 @@ using StoreBf16 = void (*)(const float*, float, int64_t, at::BFloat16*);
 using StoreF32 = void (*)(const float*, float, int64_t, float*);
 
 using Avx512Bf16Ops =
-    KernelOps<kRows, at::BFloat16, &scores_bf16, static_cast<SoftmaxBf16>(&softmax_row),
-              &weighted_any<true>, static_cast<StoreBf16>(&store_row)>;
-using Avx512F32Ops = KernelOps<kRows, float, &scores_f32, static_cast<SoftmaxF32>(&softmax_row),
-                               &weighted_any<false>, static_cast<StoreF32>(&store_row)>;
+    KernelOps<kAvx512Rows, at::BFloat16, &scores_rows<std::uint32_t, &scores_bf16>,
+              static_cast<SoftmaxBf16>(&softmax_row), &weighted_any<true>,
+              static_cast<StoreBf16>(&store_row)>;
+using Avx512F32Ops = KernelOps<kAvx512Rows, float, &scores_rows<float, &scores_f32>,
+                               static_cast<SoftmaxF32>(&softmax_row), &weighted_any<false>,
+                               static_cast<StoreF32>(&store_row)>;
 using Avx2F32Ops = KernelOps<kAvx2Rows, float, &scores_f32_avx2, &softmax_row_avx2,
                              &weighted_f32_avx2, &store_row_avx2>;
 
