@@ -15,8 +15,9 @@ norms (LayerNorm / RMSNorm / InstanceNorm), activations (GELU, SiLU), head convo
 the rest.
 
 With --gemm-shapes, every GEMM shape of the portable network's blocks and head (aten::addmm,
-grouped by input shapes) is also run alone on random data of the same shapes, dtype and threads,
-warm: `gemm_at_network_shapes` sets the network's GEMM time beside that ceiling at its own shapes.
+aten::mm and oneDNN's mkldnn::_linear_pointwise, grouped by op and input shapes) is also run alone
+on random data of the same shapes, dtype and threads, warm: `gemm_at_network_shapes` sets the
+network's GEMM time beside that ceiling at its own shapes.
 
 With --onednn-verbose CALLS (default 1), the portable columns run that many more calls under
 oneDNN's verbose log, summed per primitive (kind, implementation, problem) into
@@ -99,42 +100,106 @@ def onednn_primitives(log: str, calls: int) -> dict:
             for k, v in sorted(by.items(), key=lambda kv: -kv[1]["ms"])}
 
 
+def _time_alone(fn, repeats: int) -> float:
+    """Median ms of `repeats` warm calls of fn (one untimed call first)."""
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2] * 1e3
+
+
+def _gemm_case(e, tdt, g):
+    """(m, k, n, op, callable) for one GEMM event of the network, on random data of its shapes, or
+    None for events that are not the network's GEMMs. The ops:
+
+    - aten::addmm (bias [N], input [M, K], weight^T [K, N], an out= call as the network's): the
+      blocks' linears on MKL, the CPU head's 1x1 convolutions. The weight is passed as the
+      transpose of an [N, K] matrix, as the blocks' linears pass theirs; the head passes a
+      contiguous [K, N] one, which the profiler's shapes cannot tell apart.
+    - aten::mm ([M, K] @ [K, N], out=): the head's Winograd products and sub-pixel tap GEMMs.
+    - mkldnn::_linear_pointwise (oneDNN's inner product, weight [N, K]): the plain overload run with
+      no post-op, the binary one with its residual add. The profiler does not record the plain
+      overload's post-op, so a GELU epilogue (v1's fc1) counts in the network's time and not in
+      the alone one: its ratio is an upper bound of what the GEMM itself loses.
+    """
+    shapes = e.input_shapes
+    if e.key == "aten::addmm" and len(shapes) >= 3:
+        bias, a, b = shapes[:3]
+        if len(bias) != 1 or len(a) != 2 or len(b) != 2:
+            return None
+        (M, K), N = a, b[1]
+        xa = torch.randn(M, K, generator=g).to(tdt)
+        w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
+        bb = torch.randn(N, generator=g).to(tdt)
+        out = torch.empty(M, N, dtype=tdt)
+        return M, K, N, "addmm", lambda: torch.addmm(bb, xa, w.t(), out=out)
+    if e.key == "aten::mm" and len(shapes) >= 2:
+        a, b = shapes[:2]
+        if len(a) != 2 or len(b) != 2:
+            return None
+        (M, K), N = a, b[1]
+        xa = torch.randn(M, K, generator=g).to(tdt)
+        w = (torch.randn(K, N, generator=g) / K ** 0.5).to(tdt)
+        out = torch.empty(M, N, dtype=tdt)
+        return M, K, N, "mm", lambda: torch.mm(xa, w, out=out)
+    if e.key == "mkldnn::_linear_pointwise" and len(shapes) >= 3:
+        binary = len(shapes) >= 4 and len(shapes[1]) == 2 and len(shapes[2]) == 2
+        a, w_shape = (shapes[0], shapes[2]) if binary else (shapes[0], shapes[1])
+        if len(a) != 2 or len(w_shape) != 2:
+            return None
+        (M, K), N = a, w_shape[0]
+        xa = torch.randn(M, K, generator=g).to(tdt)
+        w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
+        bb = torch.randn(N, generator=g).to(tdt)
+        op = torch.ops.mkldnn._linear_pointwise
+        if binary:
+            other = torch.randn(M, N, generator=g).to(tdt)
+            return M, K, N, "onednn+add", lambda: op.binary(xa, other, w, bb, "add")
+        return M, K, N, "onednn", lambda: op(xa, w, bb, "none", [], "")
+    return None
+
+
+def _onednn_gelu_alone(e, tdt, g, repeats: int) -> float | None:
+    """The plain oneDNN linear of `e` alone with the GELU post-op the network's fc1 carries (ms):
+    with the row's post-op-free time it bounds what the epilogue costs at that shape."""
+    shapes = e.input_shapes
+    (M, K), (N, _) = shapes[0], shapes[1]
+    xa = torch.randn(M, K, generator=g).to(tdt)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
+    bb = torch.randn(N, generator=g).to(tdt)
+    return _time_alone(lambda: torch.ops.mkldnn._linear_pointwise(xa, w, bb, "gelu", [], "none"),
+                       repeats)
+
+
 def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> dict:
-    """Each aten::addmm shape of the network's calls (grouped by input shapes), run alone on the
-    same shapes, dtype and threads: bias [N], input [M, K], weight^T [K, N] into out [M, N] (an
-    out= call, as the network's), warm, the median of `repeats`. The network's GEMM time against
-    this ceiling at its own shapes says how much of the GEMM time is the GEMM itself and how much
-    is what the network's surroundings cost it (cold caches, page state, other threads). The
-    weight is passed as the transpose of an [N, K] matrix, as the blocks' linears pass theirs; the
-    CPU head's 1x1 convolutions pass a contiguous [K, N] one, which the profiler's shapes cannot
-    tell apart, so their rows (a few ms per call) are timed on the blocks' layout."""
+    """Each GEMM shape of the network's calls (grouped by op and input shapes; `_gemm_case` lists
+    the ops), run alone on the same shapes, dtype and threads, warm, the median of `repeats`. The
+    network's GEMM time against this ceiling at its own shapes says how much of the GEMM time is
+    the GEMM itself and how much is what the network's surroundings cost it (cold caches, page
+    state, other threads)."""
     tdt = getattr(torch, dtype)
     rows, net_total, alone_total = [], 0.0, 0.0
     g = torch.Generator().manual_seed(0)
     for e in events:
-        if e.key != "aten::addmm" or len(e.input_shapes) < 3:
-            continue
-        bias, a, b = e.input_shapes[:3]
-        if len(bias) != 1 or len(a) != 2 or len(b) != 2:
-            continue
-        (M, K), N = a, b[1]
+        with torch.inference_mode():
+            case = _gemm_case(e, tdt, g)
+            if case is None:
+                continue
+            M, K, N, op, fn = case
+            alone_ms = _time_alone(fn, repeats)
         n = e.count / calls
         net_ms = e.self_cpu_time_total / 1e3 / e.count
-        with torch.inference_mode():
-            xa = torch.randn(M, K, generator=g).to(tdt)
-            w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
-            bb = torch.randn(N, generator=g).to(tdt)
-            out = torch.empty(M, N, dtype=tdt)
-            torch.addmm(bb, xa, w.t(), out=out)
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                torch.addmm(bb, xa, w.t(), out=out)
-                ts.append(time.perf_counter() - t0)
-        alone_ms = sorted(ts)[len(ts) // 2] * 1e3
-        rows.append({"m": M, "k": K, "n": N, "calls_per_forward": n, "network_ms": net_ms,
-                     "alone_ms": alone_ms, "network_over_alone": net_ms / alone_ms,
-                     "gflops_alone": 2 * M * K * N / alone_ms / 1e6})
+        row = {"op": op, "m": M, "k": K, "n": N, "calls_per_forward": n,
+               "network_ms": net_ms, "alone_ms": alone_ms,
+               "network_over_alone": net_ms / alone_ms,
+               "gflops_alone": 2 * M * K * N / alone_ms / 1e6}
+        if op == "onednn":
+            with torch.inference_mode():
+                row["alone_with_gelu_ms"] = _onednn_gelu_alone(e, tdt, g, repeats)
+        rows.append(row)
         net_total += n * net_ms
         alone_total += n * alone_ms
     return {"shapes": rows, "network_ms": net_total, "alone_ms": alone_total,
@@ -261,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the portable columns only (a second build's profile beside a run that "
                          "has the peers)")
     ap.add_argument("--gemm-shapes", action="store_true",
-                    help="time every addmm shape of the portable network alone as well "
+                    help="time every GEMM shape (addmm, mm, oneDNN linear) of the portable "
+                         "network alone as well "
                          "(`gemm_at_network_shapes`: the GEMM ceiling at the network's shapes)")
     ap.add_argument("--same-process", action="store_true",
                     help="every column in this process (default: a process per column)")
