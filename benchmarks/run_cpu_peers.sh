@@ -6,7 +6,14 @@
 # table. Steps can be run alone:
 #
 #   MACHINE=amd-zen4 benchmarks/run_cpu_peers.sh [all|setup|fixtures|probe|v1|v1-f32|s2-0.4b|
-#                                                 s2-0.4b-f32|s2-1b|large|memory-5b|readme]...
+#                                                 s2-0.4b-f32|s2-1b|large|memory-5b|kernels|
+#                                                 profiles|readme]...
+#
+# kernels runs the micro-benchmarks behind the CPU rules (attention_bench, head_bench, mlp_bench:
+# the attention path, the Winograd head and Sapiens2's MLP column chunks per CPU; about 10 min);
+# profiles, one profiled call per column of v1 0.3b and Sapiens2 0.4b float32 beside the peers,
+# with every GEMM shape timed alone (profile_peers.py --gemm-shapes; about 15 min). Neither is in
+# `all`: run them on a CPU kind whose rules are not yet measured (docs/cpu.md).
 #
 # v1-f32 and s2-0.4b-f32 are the protocol for CPUs where the library refuses bfloat16 (AVX2-only,
 # Intel without AMX): float32 columns only; `all` runs v1 and s2-0.4b instead.
@@ -210,6 +217,29 @@ step_memory_5b() {
   log "delete $FIX/s2_full_5b.safetensors when done (20.4 GB); the generator rebuilds it"
 }
 
+step_kernels() {
+  need_res
+  cmake --build "$BUILD" --target attention_bench head_bench mlp_bench -- -j"$(nproc)"
+  local b
+  for b in attention_bench head_bench mlp_bench; do
+    "$BUILD/bin/$b" --json "$RES/cpu-${b%_bench}$TAG.json"
+  done
+}
+
+step_profiles() {
+  need_res
+  # The binding of this build (not the one build/python holds, which the venv finds by default).
+  cmake --build "$BUILD" --target sapiens_seg_python -- -j"$(nproc)"
+  local m
+  for m in full_0.3b_torchscript.pt2 s2_full_0.4b.safetensors; do
+    local name=${m%_torchscript.pt2}
+    name=${name%.safetensors}
+    PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
+      "$PY" benchmarks/profile_peers.py --model "$FIX/$m" --onnx "$ONNX/${m%.*}.onnx" --calls 1 \
+        --dtypes float32 --gemm-shapes --json "$RES/cpu-profile-$name$TAG-f32.json"
+  done
+}
+
 step_readme() {
   # Every machine folder's speed_check results; a new folder needs no change here.
   "$PY" benchmarks/readme_performance.py
@@ -232,6 +262,8 @@ for s in "${steps[@]}"; do
     s2-1b) step_s2_1b ;;
     large) step_large ;;
     memory-5b) step_memory_5b ;;
+    kernels) step_kernels ;;
+    profiles) step_profiles ;;
     readme) step_readme ;;
     *) echo "run_cpu_peers.sh: unknown step $s" >&2; exit 2 ;;
   esac

@@ -330,7 +330,7 @@ SAPIENS_SEG_AVX512 void weighted_f32(const float* e, int64_t e_stride, const flo
 template <bool kBf16, int NV>
 void weighted_rows(const void* e, int64_t npad, const void* vp, float* o) {
   constexpr int MR = NV <= 4 ? kRows : kRows / 2;
-  constexpr int64_t width = NV * 16;
+  constexpr int64_t width = int64_t{NV} * 16;
   for (int64_t k0 = 0; k0 < npad; k0 += kCols) {
     for (int64_t r = 0; r < kAvx512Rows; r += MR) {
       if constexpr (kBf16) {
