@@ -112,8 +112,8 @@ def _time_alone(fn, repeats: int) -> float:
 
 
 def _gemm_case(e, tdt, g):
-    """(m, k, n, op, callable) for one GEMM event of the network, on random data of its shapes, or
-    None for events that are not the network's GEMMs. The ops:
+    """(m, k, n, op, callable, gelu callable or None) for one GEMM event of the network, on random
+    data of its shapes, or None for events that are not the network's GEMMs. The ops:
 
     - aten::addmm (bias [N], input [M, K], weight^T [K, N], an out= call as the network's): the
       blocks' linears on MKL, the CPU head's 1x1 convolutions. The weight is passed as the
@@ -123,7 +123,8 @@ def _gemm_case(e, tdt, g):
     - mkldnn::_linear_pointwise (oneDNN's inner product, weight [N, K]): the plain overload run with
       no post-op, the binary one with its residual add. The profiler does not record the plain
       overload's post-op, so a GELU epilogue (v1's fc1) counts in the network's time and not in
-      the alone one: its ratio is an upper bound of what the GEMM itself loses.
+      the alone one: its ratio is an upper bound of what the GEMM itself loses, and the same
+      GEMM with GELU (the last callable) bounds what the epilogue costs.
     """
     shapes = e.input_shapes
     if e.key == "aten::addmm" and len(shapes) >= 3:
@@ -135,7 +136,7 @@ def _gemm_case(e, tdt, g):
         w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
         bb = torch.randn(N, generator=g).to(tdt)
         out = torch.empty(M, N, dtype=tdt)
-        return M, K, N, "addmm", lambda: torch.addmm(bb, xa, w.t(), out=out)
+        return M, K, N, "addmm", lambda: torch.addmm(bb, xa, w.t(), out=out), None
     if e.key == "aten::mm" and len(shapes) >= 2:
         a, b = shapes[:2]
         if len(a) != 2 or len(b) != 2:
@@ -144,7 +145,7 @@ def _gemm_case(e, tdt, g):
         xa = torch.randn(M, K, generator=g).to(tdt)
         w = (torch.randn(K, N, generator=g) / K ** 0.5).to(tdt)
         out = torch.empty(M, N, dtype=tdt)
-        return M, K, N, "mm", lambda: torch.mm(xa, w, out=out)
+        return M, K, N, "mm", lambda: torch.mm(xa, w, out=out), None
     if e.key == "mkldnn::_linear_pointwise" and len(shapes) >= 3:
         binary = len(shapes) >= 4 and len(shapes[1]) == 2 and len(shapes[2]) == 2
         a, w_shape = (shapes[0], shapes[2]) if binary else (shapes[0], shapes[1])
@@ -157,21 +158,10 @@ def _gemm_case(e, tdt, g):
         op = torch.ops.mkldnn._linear_pointwise
         if binary:
             other = torch.randn(M, N, generator=g).to(tdt)
-            return M, K, N, "onednn+add", lambda: op.binary(xa, other, w, bb, "add")
-        return M, K, N, "onednn", lambda: op(xa, w, bb, "none", [], "")
+            return M, K, N, "onednn+add", lambda: op.binary(xa, other, w, bb, "add"), None
+        return (M, K, N, "onednn", lambda: op(xa, w, bb, "none", [], ""),
+                lambda: op(xa, w, bb, "gelu", [], "none"))
     return None
-
-
-def _onednn_gelu_alone(e, tdt, g, repeats: int) -> float | None:
-    """The plain oneDNN linear of `e` alone with the GELU post-op the network's fc1 carries (ms):
-    with the row's post-op-free time it bounds what the epilogue costs at that shape."""
-    shapes = e.input_shapes
-    (M, K), (N, _) = shapes[0], shapes[1]
-    xa = torch.randn(M, K, generator=g).to(tdt)
-    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(tdt)
-    bb = torch.randn(N, generator=g).to(tdt)
-    return _time_alone(lambda: torch.ops.mkldnn._linear_pointwise(xa, w, bb, "gelu", [], "none"),
-                       repeats)
 
 
 def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> dict:
@@ -188,17 +178,17 @@ def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> 
             case = _gemm_case(e, tdt, g)
             if case is None:
                 continue
-            M, K, N, op, fn = case
+            M, K, N, op, fn, gelu_fn = case
             alone_ms = _time_alone(fn, repeats)
+            gelu_ms = _time_alone(gelu_fn, repeats) if gelu_fn else None
         n = e.count / calls
         net_ms = e.self_cpu_time_total / 1e3 / e.count
         row = {"op": op, "m": M, "k": K, "n": N, "calls_per_forward": n,
                "network_ms": net_ms, "alone_ms": alone_ms,
                "network_over_alone": net_ms / alone_ms,
                "gflops_alone": 2 * M * K * N / alone_ms / 1e6}
-        if op == "onednn":
-            with torch.inference_mode():
-                row["alone_with_gelu_ms"] = _onednn_gelu_alone(e, tdt, g, repeats)
+        if gelu_ms is not None:
+            row["alone_with_gelu_ms"] = gelu_ms
         rows.append(row)
         net_total += n * net_ms
         alone_total += n * alone_ms
