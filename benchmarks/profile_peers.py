@@ -100,17 +100,6 @@ def onednn_primitives(log: str, calls: int) -> dict:
             for k, v in sorted(by.items(), key=lambda kv: -kv[1]["ms"])}
 
 
-def _time_alone(fn, repeats: int) -> float:
-    """Median ms of `repeats` warm calls of fn (one untimed call first)."""
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return sorted(ts)[len(ts) // 2] * 1e3
-
-
 def _gemm_case(e, tdt, g):
     """(m, k, n, op, callable, gelu callable or None) for one GEMM event of the network, on random
     data of its shapes, or None for events that are not the network's GEMMs. The ops:
@@ -170,6 +159,8 @@ def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> 
     network's GEMM time against this ceiling at its own shapes says how much of the GEMM time is
     the GEMM itself and how much is what the network's surroundings cost it (cold caches, page
     state, other threads)."""
+    from gemm_paths import median_time  # noqa: PLC0415  (this folder's GEMM timer)
+
     tdt = getattr(torch, dtype)
     rows, net_total, alone_total = [], 0.0, 0.0
     g = torch.Generator().manual_seed(0)
@@ -179,8 +170,8 @@ def gemm_at_network_shapes(events, calls: int, dtype: str, repeats: int = 5) -> 
             if case is None:
                 continue
             M, K, N, op, fn, gelu_fn = case
-            alone_ms = _time_alone(fn, repeats)
-            gelu_ms = _time_alone(gelu_fn, repeats) if gelu_fn else None
+            alone_ms = median_time(fn, repeats) * 1e3
+            gelu_ms = median_time(gelu_fn, repeats) * 1e3 if gelu_fn else None
         n = e.count / calls
         net_ms = e.self_cpu_time_total / 1e3 / e.count
         row = {"op": op, "m": M, "k": K, "n": N, "calls_per_forward": n,
