@@ -835,44 +835,52 @@ TEST(UnitNetwork, CpuHeadRunsEveryDtype) {
 }
 
 // The CPU head on both paths against the module's ops (transposed convolutions, InstanceNorm,
-// SiLU, 1x1 convolutions) in float32, on a map of several of its pixel tiles with a partial last
-// one: the classifier's tiles are transposed into the logits' planes one by one.
+// SiLU, 1x1 convolutions with their biases) in float32, on maps of several pixel tiles with a
+// partial last one: the classifier's tiles are transposed into the logits' planes one by one, and
+// on the GEMM path a deconvolution's output stays in parity planes (several tiles each) through
+// the 1x1 convolutions. Heads of narrow layers (no Winograd under kWide) and of one wide first
+// layer (Winograd's raster output feeding the sub-pixel GEMMs).
 TEST(UnitNetwork, CpuHeadIsTheModulesOps) {
   at::manual_seed(11);
-  const int64_t C = 24, gh = 12, gw = 26;  // 8gh x 8gw = 19968 pixels: 2 full tiles and a part
-  core::head::HeadWeights w;
-  int64_t in = C;
-  for (const int64_t out : {16, 16, 8}) {
-    w.deconv_w.push_back(at::randn({in, out, 4, 4}) / std::sqrt(16.0 * double(in)));
-    in = out;
-  }
-  for (int s = 0; s < 2; ++s) {
-    w.conv_w.push_back(at::randn({8, 8, 1, 1}) / 3.0);
-    w.conv_b.push_back(at::randn({8}));
-  }
-  w.seg_w = at::randn({5, 8, 1, 1}) / 3.0;
-  w.seg_b = at::randn({5});
-  const at::Tensor feat = at::randn({2, gh * gw, C});
-  auto norm_silu = [](const at::Tensor& y) {
-    return at::silu(at::instance_norm(y, {}, {}, {}, {}, true, 0.1, 1e-5, false));
-  };
-  at::Tensor x = feat.view({2, gh, gw, C}).permute({0, 3, 1, 2});
-  for (const at::Tensor& d : w.deconv_w) x = norm_silu(at::conv_transpose2d(x, d, {}, 2, 1));
-  for (size_t s = 0; s < w.conv_w.size(); ++s)
-    x = norm_silu(at::conv2d(x, w.conv_w[s], w.conv_b[s]));
-  const at::Tensor want = at::conv2d(x, w.seg_w, w.seg_b);
-  ASSERT_EQ(want.sizes(), at::IntArrayRef({2, 5, gh * 8, gw * 8}));
-  using core::head::Winograd;
-  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
-    if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
-    // kWide: these layers are narrower than kWinogradMinChannels, so none; kAll: all three.
-    for (const auto wino : {Winograd::kOff, Winograd::kWide, Winograd::kAll}) {
-      const core::head::CpuHead head(w, path, wino);
-      EXPECT_EQ(head.winograd_layers(), wino == Winograd::kAll ? 3 : 0);
-      const at::Tensor got = head.forward(feat, gh, gw);
-      ASSERT_EQ(got.sizes(), want.sizes()) << core::head::to_string(path);
-      EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * want.abs().max().item<double>())
-          << core::head::to_string(path) << " winograd " << core::head::to_string(wino);
+  // 8gh x 8gw = 39936 pixels: 4 full tiles and a part; parity planes of 96 rows of 106 pixels.
+  const int64_t gh = 24, gw = 26;
+  for (const int64_t C : {24, 128}) {
+    core::head::HeadWeights w;
+    int64_t in = C;
+    for (const int64_t out : {C == 24 ? int64_t{16} : C, int64_t{16}, int64_t{8}}) {
+      w.deconv_w.push_back(at::randn({in, out, 4, 4}) / std::sqrt(16.0 * double(in)));
+      in = out;
+    }
+    for (int s = 0; s < 2; ++s) {
+      w.conv_w.push_back(at::randn({8, 8, 1, 1}) / 3.0);
+      w.conv_b.push_back(at::randn({8}) * 4.0);
+    }
+    w.seg_w = at::randn({5, 8, 1, 1}) / 3.0;
+    w.seg_b = at::randn({5});
+    const at::Tensor feat = at::randn({2, gh * gw, C});
+    auto norm_silu = [](const at::Tensor& y) {
+      return at::silu(at::instance_norm(y, {}, {}, {}, {}, true, 0.1, 1e-5, false));
+    };
+    at::Tensor x = feat.view({2, gh, gw, C}).permute({0, 3, 1, 2});
+    for (const at::Tensor& d : w.deconv_w) x = norm_silu(at::conv_transpose2d(x, d, {}, 2, 1));
+    for (size_t s = 0; s < w.conv_w.size(); ++s)
+      x = norm_silu(at::conv2d(x, w.conv_w[s], w.conv_b[s]));
+    const at::Tensor want = at::conv2d(x, w.seg_w, w.seg_b);
+    ASSERT_EQ(want.sizes(), at::IntArrayRef({2, 5, gh * 8, gw * 8}));
+    using core::head::Winograd;
+    for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
+      if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
+      // kWide: only a layer of kWinogradMinChannels each way (the wide head's first); kAll: all.
+      for (const auto wino : {Winograd::kOff, Winograd::kWide, Winograd::kAll}) {
+        const core::head::CpuHead head(w, path, wino);
+        const int64_t layers = wino == Winograd::kAll ? 3 : wino == Winograd::kWide && C == 128;
+        EXPECT_EQ(head.winograd_layers(), layers);
+        const at::Tensor got = head.forward(feat, gh, gw);
+        ASSERT_EQ(got.sizes(), want.sizes()) << core::head::to_string(path);
+        EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * want.abs().max().item<double>())
+            << "C " << C << " " << core::head::to_string(path) << " winograd "
+            << core::head::to_string(wino);
+      }
     }
   }
 }

@@ -65,7 +65,7 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
   const bool gelu = std::string(act) == "gelu";
   std::vector<c10::IValue> stack{rows_of(x),
                                  w,
-                                 b,
+                                 b.defined() ? c10::IValue(b) : c10::IValue(),
                                  std::string(act),
                                  c10::List<std::optional<at::Scalar>>(),
                                  std::string(gelu ? "none" : "")};

@@ -56,9 +56,9 @@ std::string float32_gemm_line();
 // kSplit (LibTorch runs their plain GEMMs on oneDNN anyway, and the fused ones save a pass).
 GemmPolicy policy_for(at::ScalarType dtype, GemmPolicy float32_policy);
 
-// y = x W^T + b (x [..., K], w [N, K], b [N]): oneDNN's linear under kOnednn, else at::linear
-// (MKL in float32). Where this LibTorch refuses oneDNN's op for a dtype, at::linear runs and later
-// calls skip the attempt.
+// y = x W^T + b (x [..., K], w [N, K], b [N] or undefined for none): oneDNN's linear under
+// kOnednn, else at::linear (MKL in float32). Where this LibTorch refuses oneDNN's op for a dtype,
+// at::linear runs and later calls skip the attempt.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GemmPolicy policy);
 // GELU(x W^T + b) with exact erf: fused into oneDNN's GEMM under kSplit and kOnednn.
 at::Tensor linear_gelu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,

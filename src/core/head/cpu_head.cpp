@@ -81,26 +81,76 @@ void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
   norm_silu(out, x, affine.first, affine.second);
 }
 
-// The deconvolutions' input: act ([H*W, Cin], raw when stats is empty, else normalised + SiLU on
-// the way) at pixel (1, 1) of a `rows` x `cols` grid, then `spare` pixels; everything around the
-// map is zero. Returns [rows * cols + spare, Cin]. Only the border is cleared, not the whole map
-// (155 MB at v1's last stage).
-at::Tensor padded_input(const at::Tensor& act, const ChannelStats& stats, int64_t H, int64_t W,
-                        int64_t rows, int64_t cols, int64_t spare) {
-  const int64_t Cin = act.size(1);
-  at::Tensor padded = at::empty({rows * cols + spare, Cin}, act.options());
+// An activation map of H x W pixels, C channels, as rows of `pitch` pixels of which the first
+// `valid` are the map's (the rest are the padding columns the sub-pixel GEMMs compute and nobody
+// reads), in one of two orders:
+//  - raster (parity false): [H * W, C], pixel (y, x) at row y * W + x; pitch and valid are W;
+//  - by output parity (parity true), as deconv_gemm leaves it: four planes (py, px) in that order,
+//    each of H / 2 rows, row i of plane (py, px) holding pixels (2i + py, 2j + px) for j < W / 2.
+//    The GEMMs write their tiles straight into place there: gathering them into raster order
+//    cost a copy of every deconvolution's output (about 150 ms of a 4 s bfloat16 v1 call on a
+//    2-core AMX Xeon).
+// The consumers read either order: the next deconvolution's padded input, the 1x1 convolutions
+// (pixel by pixel, order-blind) and the classifier, which scatters each tile to its pixels in the
+// logits. (oneDNN's deconvolutions never get a map by parity: a head runs them on every layer
+// that is not Winograd's.)
+struct Map {
+  at::Tensor data;  // [planes() * plane_rows() * pitch, C]
+  int64_t H = 0, W = 0, pitch = 0;
+  bool parity = false;
+
+  static Map raster(at::Tensor data, int64_t H, int64_t W) {
+    return {std::move(data), H, W, W, false};
+  }
+  int64_t planes() const { return parity ? 4 : 1; }
+  int64_t plane_rows() const { return parity ? H / 2 : H; }
+  int64_t valid() const { return parity ? W / 2 : W; }
+  int64_t channels() const { return data.size(1); }
+  // Plane p's pixels as [plane_rows, valid, C] (strided over the padding columns).
+  at::Tensor plane(int64_t p) const {
+    const int64_t rows = plane_rows(), C = channels();
+    return data.narrow(0, p * rows * pitch, rows * pitch)
+        .view({rows, pitch, C})
+        .narrow(1, 0, valid());
+  }
+  // Where plane p's pixels go in an [H, W, C] grid in raster order.
+  at::Tensor in_grid(const at::Tensor& grid, int64_t p) const {
+    return parity ? grid.slice(0, p / 2, H, 2).slice(1, p % 2, W, 2) : grid;
+  }
+};
+
+// act's pixels into `grid` ([H, W, C], any strides with the last contiguous) in raster order,
+// normalised + SiLU on the way unless `stats` is empty.
+void write_raster(const at::Tensor& grid, const Map& act, const ChannelStats& stats) {
+  const bool raw = stats.n == 0;
+  const std::pair<at::Tensor, at::Tensor> affine =
+      raw ? std::pair<at::Tensor, at::Tensor>() : stats.affine(kInstanceNormEps);
+  for (int64_t p = 0; p < act.planes(); ++p) {
+    const at::Tensor src = act.parity ? act.plane(p) : act.data.view({act.H, act.W, -1});
+    const at::Tensor dst = act.in_grid(grid, p);
+    if (!raw) {
+      norm_silu_into(dst, src, affine);
+    } else {
+      dst.copy_(src);
+    }
+  }
+}
+
+// The deconvolutions' input: act (raw when stats is empty, else normalised + SiLU on the way) at
+// pixel (1, 1) of a `rows` x `cols` grid, then `spare` pixels; everything around the map is zero.
+// Returns [rows * cols + spare, Cin]. Only the border is cleared, not the whole map (155 MB at
+// v1's last stage).
+at::Tensor padded_input(const Map& act, const ChannelStats& stats, int64_t rows, int64_t cols,
+                        int64_t spare) {
+  const int64_t Cin = act.channels(), H = act.H, W = act.W;
+  at::Tensor padded = at::empty({rows * cols + spare, Cin}, act.data.options());
   const at::Tensor grid = padded.narrow(0, 0, rows * cols).view({rows, cols, Cin});
   grid.select(0, 0).zero_();
   grid.slice(0, H + 1, rows).zero_();
   grid.slice(0, 1, H + 1).select(1, 0).zero_();
   grid.slice(0, 1, H + 1).slice(1, W + 1, cols).zero_();
   padded.narrow(0, rows * cols, spare).zero_();
-  const at::Tensor interior = grid.slice(0, 1, H + 1).slice(1, 1, W + 1);
-  if (stats.n == 0) {
-    interior.copy_(act.view({H, W, Cin}));
-  } else {
-    norm_silu_into(interior, act.view({H, W, Cin}), stats.affine(kInstanceNormEps));
-  }
+  write_raster(grid.slice(0, 1, H + 1).slice(1, 1, W + 1), act, stats);
   return padded;
 }
 
@@ -108,31 +158,29 @@ at::Tensor padded_input(const at::Tensor& act, const ChannelStats& stats, int64_
 // parity (py, px). Output pixel (2i+py, 2j+px) takes input rows i+dy and columns j+dx with kernel
 // taps ky = 1 - 2dy (py = 0, dy in {0,-1}) or ky = 2 - 2dy (py = 1, dy in {0,1}), likewise in x.
 // With the input zero-padded by one pixel and stored as rows of width W+2, each tap is a GEMM over
-// a contiguous block of rows shifted by a constant, and the four taps accumulate in place.
-// (LibTorch's CPU transposed convolution, NCHW, reached about the same GEMM speed on AVX-512 but
-// allocates every intermediate.) `act` is [H*W, Cin], raw or to be normalised with `stats`;
-// returns [2H*2W, HC] with its statistics in `next`, gathered tile by tile as the GEMMs land.
-at::Tensor deconv_gemm(at::Tensor act, const ChannelStats& stats, const at::Tensor& taps, int64_t H,
-                       int64_t W, ChannelStats& next) {
+// a contiguous block of rows shifted by a constant, and the four taps accumulate in place, in
+// the parity plane of the output (a Map by parity, pitch W+2). (LibTorch's CPU transposed
+// convolution, NCHW, reached about the same GEMM speed on AVX-512 but allocates every
+// intermediate.) `act` is raw or to be normalised with `stats`; the output's statistics are
+// gathered into `next` tile by tile as the GEMMs land.
+Map deconv_gemm(Map act, const ChannelStats& stats, const at::Tensor& taps, ChannelStats& next) {
   // Output parity -> the (offset, kernel tap) pairs of its two input rows (or columns).
   const int64_t tap_of[2][2][2] = {{{0, 1}, {-1, 3}}, {{0, 2}, {1, 0}}};
-  const int64_t HC = taps.size(3), Wp = W + 2;
+  const int64_t H = act.H, W = act.W, HC = taps.size(3), Wp = W + 2;
   // Two spare rows: the last tap's block of the last chunk reaches two rows past the grid.
-  at::Tensor padded = padded_input(act, stats, H, W, H + 2, Wp, 2);
+  const at::Tensor padded = padded_input(act, stats, H + 2, Wp, 2);
   // The previous stage's output lives on in `padded`; releasing it before the next, 4x larger map
   // is allocated lowers the peak by a quarter of that map.
-  const auto options = act.options();
-  act = at::Tensor();
-  at::Tensor y = at::empty({2 * H, 2 * W, HC}, options);
-  // y viewed as [i, py, j, px, c]: one parity plane is a strided [H, W, HC] view.
-  const at::Tensor planes = y.view({H, 2, W, 2, HC});
+  const auto options = act.data.options();
+  act.data = at::Tensor();
+  at::Tensor y = at::empty({4 * H * Wp, HC}, options);
   const int64_t chunk = std::max<int64_t>(1, kTileRows / Wp);
-  at::Tensor scratch = at::empty({chunk * Wp, HC}, options);
   for (int py = 0; py < 2; ++py) {
     for (int px = 0; px < 2; ++px) {
+      const int64_t plane = (py * 2 + px) * H;  // its first row
       for (int64_t i0 = 0; i0 < H; i0 += chunk) {
         const int64_t rows = std::min(chunk, H - i0), M = rows * Wp;
-        at::Tensor o = scratch.narrow(0, 0, M);
+        at::Tensor o = y.narrow(0, (plane + i0) * Wp, M);
         bool first = true;
         for (const auto& ty : tap_of[py]) {
           for (const auto& tx : tap_of[px]) {
@@ -148,30 +196,28 @@ at::Tensor deconv_gemm(at::Tensor act, const ChannelStats& stats, const at::Tens
           }
         }
         // Columns W and W+1 of each row are the padding's garbage.
-        const at::Tensor valid = o.view({rows, Wp, HC}).narrow(1, 0, W);
-        planes.select(3, px).select(1, py).narrow(0, i0, rows).copy_(valid);
         next.add(o, rows * W, W, Wp * HC);
       }
     }
   }
-  return y.view({4 * H * W, HC});
+  return {y, 2 * H, 2 * W, Wp, true};
 }
 
 // The same deconvolution by Winograd F(2x2, 2x2) (winograd.hpp), float32: the input normalised
 // into a grid padded by one pixel before and two after (tiles of an odd-sized map reach one row
 // or column past it), the statistics gathered band by band as the output lands.
-at::Tensor deconv_winograd(at::Tensor act, const ChannelStats& stats, const at::Tensor& filters,
-                           int64_t H, int64_t W, ChannelStats& next) {
-  const int64_t Cout = filters.size(3);
-  const at::Tensor padded = padded_input(act, stats, H, W, H + 3, W + 3, 0);
-  const auto options = act.options();
-  act = at::Tensor();  // as in deconv_gemm: the raw map goes before the larger one is made
+Map deconv_winograd(Map act, const ChannelStats& stats, const at::Tensor& filters,
+                    ChannelStats& next) {
+  const int64_t H = act.H, W = act.W, Cout = filters.size(3);
+  const at::Tensor padded = padded_input(act, stats, H + 3, W + 3, 0);
+  const auto options = act.data.options();
+  act.data = at::Tensor();  // as in deconv_gemm: the raw map goes before the larger one is made
   at::Tensor y = at::empty({4 * H * W, Cout}, options);
   winograd_deconv(padded, H, W, filters, y, [&](int64_t row0, int64_t rows) {
     const int64_t n = rows * 2 * W;
     next.add(y.narrow(0, row0 * 2 * W, n), n, n, 0);
   });
-  return y;
+  return Map::raster(std::move(y), 2 * H, 2 * W);
 }
 
 // A [P, C] matrix as the NCHW-sized, channels-last [1, C, h, w] tensor it already is in memory.
@@ -189,35 +235,53 @@ at::Tensor as_matrix(const at::Tensor& t) {
 
 // The same deconvolution through oneDNN (LibTorch routes channels-last float32 convolutions to
 // its mkldnn_convolution): the input is normalised in place, since the raw map is not read again.
-at::Tensor deconv_onednn(at::Tensor act, const ChannelStats& stats, const at::Tensor& w, int64_t H,
-                         int64_t W, ChannelStats& next) {
-  if (stats.n != 0) norm_silu_into(act, act, stats.affine(kInstanceNormEps));
-  const at::Tensor x = as_channels_last(act, H, W);
-  act = at::Tensor();
+// Its input is raster: a head on this path has no sub-pixel GEMM layers.
+Map deconv_onednn(Map act, const ChannelStats& stats, const at::Tensor& w, ChannelStats& next) {
+  if (act.parity) throw Error(ErrorCode::kInternal, "deconv_onednn: a map by parity");
+  const int64_t H = act.H, W = act.W;
+  at::Tensor m = std::move(act.data);
+  if (stats.n != 0) norm_silu_into(m, m, stats.affine(kInstanceNormEps));
+  const at::Tensor x = as_channels_last(m, H, W);
+  m = at::Tensor();
   at::Tensor y = as_matrix(at::conv_transpose2d(x, w, {}, /*stride=*/2, /*padding=*/1));
   next.add(y, y.size(0), y.size(0), 0);
-  return y;
+  return Map::raster(std::move(y), 2 * H, 2 * W);
 }
 
-// out = silu(norm(x)) W + b for one tile of pixels (1x1 convolution), `tile` as scratch; `out`
-// may be `x` itself. A GEMM: LibTorch's BLAS on `w_io` [in, out], or, where the float32 GEMMs go
-// to oneDNN (cpu/gemm.hpp's kOnednn), oneDNN's matmul (the inner product LibTorch's mkldnn linear
-// reaches) on `w_oi` [out, in]. oneDNN's head path once ran these as LibTorch convolutions, tile
-// by tile: each call reordered the weight again and went through the convolution's set-up, which
-// on an AMX Xeon (2 cores) took longer than the convolutions themselves (oneDNN's verbose log of
-// one Sapiens2 0.4b float32 call: 288 weight reorders of 64 x 64 and 29 x 64, 0.6 s, beside
-// 0.84 s of 1x1 convolutions, on a busy machine).
+// out = silu(norm(x)) W (+ b where `b` is defined) for one tile of pixels (1x1 convolution),
+// `tile` as scratch; `out` may be `x` itself. A GEMM: LibTorch's BLAS on `w_io` [in, out], or,
+// where the float32 GEMMs go to oneDNN (cpu/gemm.hpp's kOnednn), oneDNN's matmul (the inner
+// product LibTorch's mkldnn linear reaches) on `w_oi` [out, in]. oneDNN's head path once ran these
+// as LibTorch convolutions, tile by tile: each call reordered the weight again and went through
+// the convolution's set-up, which on an AMX Xeon (2 cores) took longer than the convolutions
+// themselves (oneDNN's verbose log of one Sapiens2 0.4b float32 call: 288 weight reorders of
+// 64 x 64 and 29 x 64, 0.6 s, beside 0.84 s of 1x1 convolutions, on a busy machine).
 void conv1x1_tile(cpu::GemmPolicy policy, const at::Tensor& out, const at::Tensor& x,
                   const std::pair<at::Tensor, at::Tensor>& affine, const at::Tensor& w_io,
                   const at::Tensor& w_oi, const at::Tensor& b, const at::Tensor& tile) {
   norm_silu_into(tile, x, affine);
   if (policy == cpu::GemmPolicy::kOnednn) {
     out.copy_(cpu::linear(tile, w_oi, b, policy));
-  } else {
+  } else if (b.defined()) {
     at::Tensor o = out;
     at::addmm_out(o, b, tile, w_io);
+  } else {
+    at::Tensor o = out;
+    at::mm_out(o, tile, w_io);
   }
 }
+
+// The 1x1 convolutions' and the classifier's tiles: `units` rows of a map plane, a unit being one
+// pixel of a raster map (tiles of kTileRows pixels) or one row of `pitch` pixels of a map by
+// parity (tiles of whole rows, so the statistics can step over the padding columns).
+struct Tiles {
+  int64_t unit = 1, per_tile = kTileRows, units = 0;
+  explicit Tiles(const Map& m)
+      : unit(m.parity ? m.pitch : 1),
+        per_tile(std::max<int64_t>(1, kTileRows / unit)),
+        units(m.parity ? m.plane_rows() : m.H * m.W) {}
+  int64_t max_pixels() const { return std::min(per_tile, units) * unit; }
+};
 
 }  // namespace
 
@@ -318,10 +382,14 @@ CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path, Winograd winograd) : pa
   // weight) for oneDNN's matmul (conv1x1_tile); kilobytes each.
   auto in_out = [](const at::Tensor& c) { return c.view({c.size(0), -1}).t().contiguous(); };
   auto out_in = [](const at::Tensor& c) { return c.view({c.size(0), -1}).contiguous(); };
-  for (size_t s = 0; s < w.conv_w.size(); ++s) {
-    conv_w_.push_back(in_out(w.conv_w[s]));
-    conv_w_oi_.push_back(out_in(w.conv_w[s]));
-    conv_b_.push_back(w.conv_b[s].contiguous());
+  // The 1x1 convolutions' biases are not used: each convolution is followed by InstanceNorm
+  // without affine, which subtracts every channel's mean over the image and so any per-channel
+  // constant added before it (the same normalised map in exact arithmetic; in floating point
+  // within rounding, and the GEMM skips a copy of the broadcast bias into its output, 72 copies
+  // of 8192 x 768 in a v1 call). The classifier's bias stays.
+  for (const at::Tensor& c : w.conv_w) {
+    conv_w_.push_back(in_out(c));
+    conv_w_oi_.push_back(out_in(c));
   }
   seg_w_ = in_out(w.seg_w);
   seg_w_oi_ = out_in(w.seg_w);
@@ -342,58 +410,80 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
       feat.scalar_type() == at::kFloat ? cpu::float32_gemm().policy : cpu::GemmPolicy::kSplit);
 
   for (int64_t b = 0; b < B; ++b) {
-    at::Tensor act = feat[b];  // [h * w, channels], raw (stats empty) or to be normalised
+    Map act = Map::raster(feat[b], gh, gw);  // raw (stats empty) or to be normalised
     ChannelStats stats;
-    int64_t H = gh, W = gw;
     for (size_t i = 0; i < deconv_.size(); ++i) {
       const at::Tensor& w = deconv_[i];
       ChannelStats next;
       if (wino_[i]) {
-        act = deconv_winograd(std::move(act), stats, w, H, W, next);
+        act = deconv_winograd(std::move(act), stats, w, next);
       } else if (path_ == CpuHeadPath::kGemm) {
-        act = deconv_gemm(std::move(act), stats, w, H, W, next);
+        act = deconv_gemm(std::move(act), stats, w, next);
       } else {
-        act = deconv_onednn(std::move(act), stats, w, H, W, next);
+        act = deconv_onednn(std::move(act), stats, w, next);
       }
       stats = std::move(next);
-      H *= 2;
-      W *= 2;
     }
 
-    const int64_t P = H * W;
-    for (size_t s = 0; s < conv_b_.size(); ++s) {
-      const int64_t Cin = act.size(1), Cout = conv_b_[s].size(0);
+    // The 1x1 convolutions work pixel by pixel, in whichever order the map is stored (padding
+    // columns included: they are computed and never read).
+    const Tiles tiles(act);
+    const int64_t group = act.parity ? act.valid() : 0;
+    for (size_t s = 0; s < conv_w_.size(); ++s) {
+      const int64_t Cin = act.channels(), Cout = conv_w_[s].size(1);
       const auto affine = stats.affine(kInstanceNormEps);
       // A layer as wide as its input overwrites it, tile by tile (never the caller's feat);
       // another gets a map of its own.
-      const at::Tensor out =
-          Cout == Cin && !deconv_.empty() ? act : at::empty({P, Cout}, act.options());
-      const at::Tensor tile = at::empty({std::min(kTileRows, P), Cin}, act.options());
-      ChannelStats next;
-      for (int64_t r = 0; r < P; r += kTileRows) {
-        const int64_t n = std::min(kTileRows, P - r);
-        const at::Tensor rows = out.narrow(0, r, n);
-        conv1x1_tile(policy, rows, act.narrow(0, r, n), affine, conv_w_[s], conv_w_oi_[s],
-                     conv_b_[s], tile.narrow(0, 0, n));
-        next.add(rows, n, n, 0);
+      Map out = act;
+      if (Cout != Cin || deconv_.empty()) {
+        out.data = at::empty({act.data.size(0), Cout}, act.data.options());
       }
-      act = out;
+      const at::Tensor tile = at::empty({tiles.max_pixels(), Cin}, act.data.options());
+      ChannelStats next;
+      for (int64_t p = 0; p < act.planes(); ++p) {
+        for (int64_t u = 0; u < tiles.units; u += tiles.per_tile) {
+          const int64_t k = std::min(tiles.per_tile, tiles.units - u), n = k * tiles.unit;
+          const int64_t r = p * tiles.units * tiles.unit + u * tiles.unit;
+          const at::Tensor rows = out.data.narrow(0, r, n);
+          conv1x1_tile(policy, rows, act.data.narrow(0, r, n), affine, conv_w_[s], conv_w_oi_[s],
+                       at::Tensor(), tile.narrow(0, 0, n));
+          if (act.parity) {
+            next.add(rows, k * group, group, act.pitch * Cout);
+          } else {
+            next.add(rows, n, n, 0);
+          }
+        }
+      }
+      act = std::move(out);
       stats = std::move(next);
     }
     // The classifier tile by tile into a cache-sized [pixels, K] block, transposed from there
-    // into the logits' planes: a [P, K] map transposed as a whole was read back from memory with
-    // a stride of K (0.07 s of a 12 s Sapiens2 0.4b call at 1024x768, AMX Xeon, 2 threads).
+    // into the logits' planes (scattered to the tile's pixels of one parity for a map by parity):
+    // a [P, K] map transposed as a whole was read back from memory with a stride of K (0.07 s of
+    // a 12 s Sapiens2 0.4b call at 1024x768, AMX Xeon, 2 threads).
     const auto affine = stats.affine(kInstanceNormEps);
-    const int64_t rows = std::min(kTileRows, P);
-    const at::Tensor out = at::empty({rows, K}, act.options());
-    const at::Tensor tile = at::empty({rows, act.size(1)}, act.options());
-    const at::Tensor planes = logits[b].view({K, P});
-    for (int64_t r = 0; r < P; r += kTileRows) {
-      const int64_t n = std::min(kTileRows, P - r);
-      const at::Tensor o = out.narrow(0, 0, n);
-      conv1x1_tile(policy, o, act.narrow(0, r, n), affine, seg_w_, seg_w_oi_, seg_b_,
-                   tile.narrow(0, 0, n));
-      planes.narrow(1, r, n).copy_(o.t());
+    const int64_t H = act.H, W = act.W;
+    const at::Tensor out = at::empty({tiles.max_pixels(), K}, act.data.options());
+    const at::Tensor tile = at::empty({tiles.max_pixels(), act.channels()}, act.data.options());
+    const at::Tensor planes = logits[b].view({K, H * W});
+    for (int64_t p = 0; p < act.planes(); ++p) {
+      // This plane's pixels in the logits: [K, plane_rows, valid].
+      const at::Tensor dst =
+          act.parity ? logits[b].view({K, H / 2, 2, W / 2, 2}).select(4, p % 2).select(2, p / 2)
+                     : at::Tensor();
+      for (int64_t u = 0; u < tiles.units; u += tiles.per_tile) {
+        const int64_t k = std::min(tiles.per_tile, tiles.units - u), n = k * tiles.unit;
+        const int64_t r = p * tiles.units * tiles.unit + u * tiles.unit;
+        const at::Tensor o = out.narrow(0, 0, n);
+        conv1x1_tile(policy, o, act.data.narrow(0, r, n), affine, seg_w_, seg_w_oi_, seg_b_,
+                     tile.narrow(0, 0, n));
+        if (act.parity) {
+          dst.narrow(1, u, k).copy_(
+              o.view({k, act.pitch, K}).narrow(1, 0, act.valid()).permute({2, 0, 1}));
+        } else {
+          planes.narrow(1, r, n).copy_(o.t());
+        }
+      }
     }
   }
   return logits;

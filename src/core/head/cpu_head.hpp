@@ -65,7 +65,8 @@ Winograd cpu_head_winograd_for(const CpuFeatures& cpu, at::ScalarType dtype);
 
 // The weights as the checkpoints store them (already in the network's dtype, on the CPU):
 // deconv_w [in, out, 4, 4], conv_w [out, in, 1, 1] with conv_b [out], seg_w [classes, in, 1, 1]
-// with seg_b [classes].
+// with seg_b [classes]. conv_b is not needed: InstanceNorm without affine follows each 1x1
+// convolution and removes any per-channel constant (cpu_head.cpp).
 struct HeadWeights {
   std::vector<at::Tensor> deconv_w, conv_w, conv_b;
   at::Tensor seg_w, seg_b;
@@ -93,7 +94,7 @@ class CpuHead {
   // deconv_: kGemm [ky, kx, in, out] (one matrix per kernel tap), kOnednn as stored, and a
   // Winograd layer's transformed filters [4, 9, in, out] (wino_[i] says which); conv_w_ and
   // seg_w_ [in, out], conv_w_oi_ and seg_w_oi_ [out, in].
-  std::vector<at::Tensor> deconv_, conv_w_, conv_w_oi_, conv_b_;
+  std::vector<at::Tensor> deconv_, conv_w_, conv_w_oi_;
   std::vector<bool> wino_;
   at::Tensor seg_w_, seg_w_oi_, seg_b_;
 };
