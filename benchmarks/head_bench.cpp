@@ -1,8 +1,8 @@
 // head_bench: the paths of the CPU decoder head (core/head: sub-pixel GEMMs on LibTorch's BLAS,
-// oneDNN's convolutions, Winograd F(2x2, 2x2) deconvolutions in float32) against each other on the
-// released heads' shapes at 1024x768, and on each of Sapiens2's deconvolutions alone; same
-// process, same threads, same input, calls in rotating order. The measurement behind
-// cpu_head_path (which path a CPU gets by default).
+// oneDNN's convolutions, the two mixed by layer width, Winograd F(2x2, 2x2) deconvolutions in
+// float32) against each other on the released heads' shapes at 1024x768, and on each of
+// Sapiens2's deconvolutions alone; same process, same threads, same input, calls in rotating
+// order. The measurement behind cpu_head_path (which path a CPU gets by default).
 //
 //   head_bench [--reps N] [--json FILE] [--only TEXT]
 //
@@ -114,7 +114,8 @@ int run(int argc, char** argv) {
       };
       const head::CpuHeadPath def_path = head::cpu_head_path(dtype, width);
       std::vector<Variant> variants{{"gemm", head::CpuHeadPath::kGemm, head::Winograd::kOff},
-                                    {"onednn", head::CpuHeadPath::kOnednn, head::Winograd::kOff}};
+                                    {"onednn", head::CpuHeadPath::kOnednn, head::Winograd::kOff},
+                                    {"mixed", head::CpuHeadPath::kMixed, head::Winograd::kOff}};
       if (dtype == at::kFloat) variants.push_back({"winograd", def_path, head::Winograd::kAll});
       variants.push_back({"default", def_path, head::cpu_head_winograd(dtype)});
       std::vector<head::CpuHead> heads;

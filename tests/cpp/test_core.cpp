@@ -553,7 +553,7 @@ TEST(UnitNetwork, OtherInputSizesResizeThePositionEmbedding) {
 namespace {
 
 struct TestCpus {
-  core::CpuFeatures zen3, zen4, zen5, zen6, zen5_no_zmm, intel_avx512, intel_avx2;
+  core::CpuFeatures zen3, zen4, zen5, zen6, zen5_no_zmm, intel_avx512, intel_avx2, intel_amx;
   TestCpus() {
     core::CpuFeatures avx2;
     avx2.osxsave = avx2.avx = avx2.avx2 = avx2.fma = avx2.f16c = true;
@@ -577,6 +577,10 @@ struct TestCpus {
     intel_avx512.family = 6, intel_avx512.model = 0xCF;
     intel_avx2 = avx2;
     intel_avx2.family = 6, intel_avx2.model = 0x55;
+    intel_amx = intel_avx512;
+    intel_amx.avx512_bf16 = intel_amx.amx_tile = intel_amx.amx_bf16 = true;
+    intel_amx.xcr0 = 0x600E7;
+    intel_amx.model = 0x8F;
   }
 };
 
@@ -600,11 +604,18 @@ TEST(UnitNetwork, CpuHeadPathRule) {
             CpuHeadPath::kGemm);
   // AMD's AVX-512 cores keep the GEMMs (oneDNN not measured faster there).
   EXPECT_EQ(cpu_head_path_for(amd512, at::kFloat, kSapiens2), CpuHeadPath::kGemm);
-  // bfloat16 and float16 run the GEMMs everywhere.
-  for (const auto& cpu : {avx2, intel512, amd512}) {
+  // bfloat16 and float16 run the GEMMs, but for bfloat16 on AMX: oneDNN's on the narrow layers.
+  core::CpuFeatures amx_off = c.intel_amx;  // an OS that does not save the tile state
+  amx_off.xcr0 = 0xE7;
+  for (const auto& cpu : {avx2, intel512, amd512, amx_off}) {
     EXPECT_EQ(cpu_head_path_for(cpu, at::kBFloat16, kSapiens2), CpuHeadPath::kGemm);
     EXPECT_EQ(cpu_head_path_for(cpu, at::kHalf, kV1), CpuHeadPath::kGemm);
   }
+  ASSERT_TRUE(c.intel_amx.amx_bf16_os());
+  EXPECT_EQ(cpu_head_path_for(c.intel_amx, at::kBFloat16, kSapiens2), CpuHeadPath::kMixed);
+  EXPECT_EQ(cpu_head_path_for(c.intel_amx, at::kBFloat16, kV1), CpuHeadPath::kMixed);
+  EXPECT_EQ(cpu_head_path_for(c.intel_amx, at::kHalf, kV1), CpuHeadPath::kGemm);
+  EXPECT_EQ(cpu_head_path_for(c.intel_amx, at::kFloat, kV1), CpuHeadPath::kGemm);
 
   if (!at::hasMKLDNN()) GTEST_SKIP() << "LibTorch without oneDNN: the GEMM head only";
   // This CPU follows the rule unless the environment forces a path.
@@ -615,6 +626,9 @@ TEST(UnitNetwork, CpuHeadPathRule) {
   });
   test::with_env("SAPIENS_SEG_CPU_HEAD", "onednn", [] {
     EXPECT_EQ(core::head::cpu_head_path(at::kBFloat16, kV1), CpuHeadPath::kOnednn);
+  });
+  test::with_env("SAPIENS_SEG_CPU_HEAD", "mixed", [] {
+    EXPECT_EQ(core::head::cpu_head_path(at::kFloat, kV1), CpuHeadPath::kMixed);
   });
   test::with_env("SAPIENS_SEG_CPU_HEAD", "mkl", [] {
     expect_error([] { core::head::cpu_head_path(at::kFloat, kV1); }, ErrorCode::kInvalidInput,
@@ -839,12 +853,13 @@ TEST(UnitNetwork, CpuHeadRunsEveryDtype) {
 // partial last one: the classifier's tiles are transposed into the logits' planes one by one, and
 // on the GEMM path a deconvolution's output stays in parity planes (several tiles each) through
 // the 1x1 convolutions. Heads of narrow layers (no Winograd under kWide) and of one wide first
-// layer (Winograd's raster output feeding the sub-pixel GEMMs).
+// layer (Winograd's raster output feeding the sub-pixel GEMMs; under kMixed, the GEMMs' parity
+// planes feeding oneDNN's deconvolutions).
 TEST(UnitNetwork, CpuHeadIsTheModulesOps) {
   at::manual_seed(11);
   // 8gh x 8gw = 39936 pixels: 4 full tiles and a part; parity planes of 96 rows of 106 pixels.
   const int64_t gh = 24, gw = 26;
-  for (const int64_t C : {24, 128}) {
+  for (const int64_t C : {24, 160}) {
     core::head::HeadWeights w;
     int64_t in = C;
     for (const int64_t out : {C == 24 ? int64_t{16} : C, int64_t{16}, int64_t{8}}) {
@@ -867,14 +882,20 @@ TEST(UnitNetwork, CpuHeadIsTheModulesOps) {
       x = norm_silu(at::conv2d(x, w.conv_w[s], w.conv_b[s]));
     const at::Tensor want = at::conv2d(x, w.seg_w, w.seg_b);
     ASSERT_EQ(want.sizes(), at::IntArrayRef({2, 5, gh * 8, gw * 8}));
+    using core::head::CpuHeadPath;
     using core::head::Winograd;
-    for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
-      if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
+    for (const auto path : {CpuHeadPath::kGemm, CpuHeadPath::kOnednn, CpuHeadPath::kMixed}) {
+      if (path != CpuHeadPath::kGemm && !at::hasMKLDNN()) continue;
       // kWide: only a layer of kWinogradMinChannels each way (the wide head's first); kAll: all.
       for (const auto wino : {Winograd::kOff, Winograd::kWide, Winograd::kAll}) {
         const core::head::CpuHead head(w, path, wino);
-        const int64_t layers = wino == Winograd::kAll ? 3 : wino == Winograd::kWide && C == 128;
+        const int64_t layers = wino == Winograd::kAll ? 3 : wino == Winograd::kWide && C == 160;
         EXPECT_EQ(head.winograd_layers(), layers);
+        // kMixed: oneDNN for the layers no wider than kNarrowHeadWidth (all but the 160-wide).
+        const int64_t direct = 3 - layers, narrow = C == 160 ? 2 : 3;
+        EXPECT_EQ(head.onednn_layers(), path == CpuHeadPath::kGemm     ? 0
+                                        : path == CpuHeadPath::kOnednn ? direct
+                                                                       : std::min(direct, narrow));
         const at::Tensor got = head.forward(feat, gh, gw);
         ASSERT_EQ(got.sizes(), want.sizes()) << core::head::to_string(path);
         EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * want.abs().max().item<double>())

@@ -47,6 +47,8 @@ CpuFeatures cpu_features() {
     f.avx512bw = (b >> 30) & 1;
     f.avx512vl = (b >> 31) & 1;
     f.avx512_vpopcntdq = (c >> 14) & 1;
+    f.amx_bf16 = (d >> 22) & 1;
+    f.amx_tile = (d >> 24) & 1;
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = (a >> 5) & 1;
     if ((d >> 19) & 1 && max_leaf >= 0x24) {  // AVX10: its version and vector widths

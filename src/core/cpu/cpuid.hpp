@@ -22,10 +22,11 @@ struct CpuFeatures {
   bool avx2 = false, bmi1 = false, bmi2 = false;
   bool avx512f = false, avx512cd = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512_vpopcntdq = false;
-  bool avx512_bf16 = false;  // VDPBF16PS / VCVTNEPS2BF16
-  bool avx10_512 = false;    // AVX10 version >= 2 with 512-bit vectors
-  std::uint64_t xcr0 = 0;    // XGETBV(0) when osxsave
-  bool amd = false;          // vendor "AuthenticAMD" (leaf 0): which of the kernels pay off
+  bool avx512_bf16 = false;                 // VDPBF16PS / VCVTNEPS2BF16
+  bool avx10_512 = false;                   // AVX10 version >= 2 with 512-bit vectors
+  bool amx_tile = false, amx_bf16 = false;  // AMX tiles and their bfloat16 products
+  std::uint64_t xcr0 = 0;                   // XGETBV(0) when osxsave
+  bool amd = false;  // vendor "AuthenticAMD" (leaf 0): which of the kernels pay off
   // Leaf 1's signature with the extended fields folded in, as /proc/cpuinfo prints them (AMD Zen 3
   // and Zen 4 are family 0x19, Zen 5 0x1A; Intel's server cores family 6). It tells apart
   // generations that share their feature bits but not their vector units.
@@ -43,6 +44,9 @@ struct CpuFeatures {
   bool avx512_core() const {
     return zmm_os() && fma && avx512f && avx512bw && avx512dq && avx512vl;
   }
+  // AMX bfloat16 products, with the tile state saved by the OS (XTILECFG and XTILEDATA; Linux
+  // also wants each process to ask for it, which oneDNN does before its first AMX kernel).
+  bool amx_bf16_os() const { return amx_tile && amx_bf16 && (xcr0 & 0x60000) == 0x60000; }
 };
 
 CpuFeatures cpu_features();              // this CPU, read on every call (all false off x86)

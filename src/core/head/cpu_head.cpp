@@ -90,10 +90,9 @@ void norm_silu_into(const at::Tensor& out, const at::Tensor& x,
 //    The GEMMs write their tiles straight into place there: gathering them into raster order
 //    cost a copy of every deconvolution's output (about 150 ms of a 4 s bfloat16 v1 call on a
 //    2-core AMX Xeon).
-// The consumers read either order: the next deconvolution's padded input, the 1x1 convolutions
-// (pixel by pixel, order-blind) and the classifier, which scatters each tile to its pixels in the
-// logits. (oneDNN's deconvolutions never get a map by parity: a head runs them on every layer
-// that is not Winograd's.)
+// The consumers read either order: the next deconvolution's padded input (oneDNN's: gathered into
+// raster order), the 1x1 convolutions (pixel by pixel, order-blind) and the classifier, which
+// scatters each tile to its pixels in the logits.
 struct Map {
   at::Tensor data;  // [planes() * plane_rows() * pitch, C]
   int64_t H = 0, W = 0, pitch = 0;
@@ -120,7 +119,8 @@ struct Map {
 };
 
 // act's pixels into `grid` ([H, W, C], any strides with the last contiguous) in raster order,
-// normalised + SiLU on the way unless `stats` is empty.
+// normalised + SiLU on the way unless `stats` is empty; `grid` may be act's own storage (in place)
+// when act is raster and stats is not empty.
 void write_raster(const at::Tensor& grid, const Map& act, const ChannelStats& stats) {
   const bool raw = stats.n == 0;
   const std::pair<at::Tensor, at::Tensor> affine =
@@ -233,14 +233,15 @@ at::Tensor as_matrix(const at::Tensor& t) {
       .reshape({-1, t.size(1)});
 }
 
-// The same deconvolution through oneDNN (LibTorch routes channels-last float32 convolutions to
-// its mkldnn_convolution): the input is normalised in place, since the raw map is not read again.
-// Its input is raster: a head on this path has no sub-pixel GEMM layers.
+// The same deconvolution through oneDNN (LibTorch routes channels-last convolutions to its
+// mkldnn_convolution): a raster input is normalised in place, since the raw map is not read again;
+// a map by parity (a sub-pixel GEMM layer before this one) is gathered into raster order on the
+// way.
 Map deconv_onednn(Map act, const ChannelStats& stats, const at::Tensor& w, ChannelStats& next) {
-  if (act.parity) throw Error(ErrorCode::kInternal, "deconv_onednn: a map by parity");
   const int64_t H = act.H, W = act.W;
-  at::Tensor m = std::move(act.data);
-  if (stats.n != 0) norm_silu_into(m, m, stats.affine(kInstanceNormEps));
+  at::Tensor m = act.parity ? at::empty({H * W, act.channels()}, act.data.options()) : act.data;
+  if (act.parity || stats.n != 0) write_raster(m.view({H, W, -1}), act, stats);
+  act.data = at::Tensor();
   const at::Tensor x = as_channels_last(m, H, W);
   m = at::Tensor();
   at::Tensor y = as_matrix(at::conv_transpose2d(x, w, {}, /*stride=*/2, /*padding=*/1));
@@ -286,7 +287,15 @@ struct Tiles {
 }  // namespace
 
 const char* to_string(CpuHeadPath path) {
-  return path == CpuHeadPath::kOnednn ? "onednn" : "gemm";
+  switch (path) {
+    case CpuHeadPath::kOnednn:
+      return "onednn";
+    case CpuHeadPath::kMixed:
+      return "mixed";
+    case CpuHeadPath::kGemm:
+      break;
+  }
+  return "gemm";
 }
 
 const char* to_string(Winograd w) {
@@ -332,6 +341,12 @@ Winograd cpu_head_winograd(at::ScalarType dtype) {
 }
 
 CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width) {
+  // bfloat16, measured by head_bench on an AMX Xeon (2026-12-07, 2 cores; benchmarks/results/
+  // intel-xeon-amx/cpu-head-mixed-amx.json): oneDNN's deconvolutions ran Sapiens2's 128 -> 64 and
+  // 256 -> 128 1.2-1.5x as fast as the sub-pixel GEMMs, its 1024 -> 512 at 0.74x, 512 -> 256 even,
+  // and v1's 768-wide ones at 0.97x. Not measured on AVX512-BF16 without AMX (Zen 4), which keeps
+  // the GEMMs, nor in float16.
+  if (dtype == at::kBFloat16 && cpu.amx_bf16_os()) return CpuHeadPath::kMixed;
   if (dtype != at::kFloat) return CpuHeadPath::kGemm;
   // Measured by head_bench (2026-12-02): on Zen 1 (AVX2 + FMA, 2 cores) v1's head in float32 took
   // 30.5 s through oneDNN, 34.1 s through MKL's GEMMs (64 against 57 GFLOP/s), and Sapiens2's
@@ -351,8 +366,9 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
   if (const std::string v = read_settings().cpu_head; !v.empty()) {
     if (v == "gemm") return CpuHeadPath::kGemm;
     if (v == "onednn") return CpuHeadPath::kOnednn;
+    if (v == "mixed") return CpuHeadPath::kMixed;
     throw Error(ErrorCode::kInvalidInput,
-                "SAPIENS_SEG_CPU_HEAD must be 'gemm' or 'onednn', got '" + v + "'");
+                "SAPIENS_SEG_CPU_HEAD must be 'gemm', 'onednn' or 'mixed', got '" + v + "'");
   }
   // SAPIENS_SEG_CPU_GEMM=onednn moves the head's float32 GEMMs too.
   if (dtype == at::kFloat && cpu::float32_gemm().policy == cpu::GemmPolicy::kOnednn) {
@@ -362,21 +378,24 @@ CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width) {
 }
 
 CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path, Winograd winograd) : path_(path) {
-  const bool gemm = path == CpuHeadPath::kGemm;
   for (const at::Tensor& d : w.deconv_w) {
-    const bool wide = std::min(d.size(0), d.size(1)) >= kWinogradMinChannels;
-    wino_.push_back(d.scalar_type() == at::kFloat &&
-                    (winograd == Winograd::kAll || (winograd == Winograd::kWide && wide)));
-    // GEMM operands as [in, out] matrices, contiguous: MKL runs these narrow GEMMs at half speed
-    // with the transposed ([out, in]) layout. [in, out, ky, kx] becomes [ky, kx, in, out].
-    // oneDNN's path gets its weight channels-last, the layout LibTorch converts it to for a
-    // channels-last input on every call otherwise (an 8 MB copy per call for Sapiens2's first).
-    if (wino_.back()) {
+    const int64_t narrowest = std::min(d.size(0), d.size(1));
+    const bool wide = narrowest >= kWinogradMinChannels;
+    if (d.scalar_type() == at::kFloat &&
+        (winograd == Winograd::kAll || (winograd == Winograd::kWide && wide))) {
+      method_.push_back(Deconv::kWinograd);
       deconv_.push_back(winograd_deconv_filters(d));
       continue;
     }
-    deconv_.push_back(gemm ? d.permute({2, 3, 0, 1}).contiguous()
-                           : d.contiguous(at::MemoryFormat::ChannelsLast));
+    const bool onednn = path == CpuHeadPath::kOnednn ||
+                        (path == CpuHeadPath::kMixed && narrowest <= kNarrowHeadWidth);
+    method_.push_back(onednn ? Deconv::kOnednn : Deconv::kGemm);
+    // GEMM operands as [in, out] matrices, contiguous: MKL runs these narrow GEMMs at half speed
+    // with the transposed ([out, in]) layout. [in, out, ky, kx] becomes [ky, kx, in, out].
+    // oneDNN gets its weight channels-last, the layout LibTorch converts it to for a
+    // channels-last input on every call otherwise (an 8 MB copy per call for Sapiens2's first).
+    deconv_.push_back(onednn ? d.contiguous(at::MemoryFormat::ChannelsLast)
+                             : d.permute({2, 3, 0, 1}).contiguous());
   }
   // The 1x1 convolutions as matrices: [in, out] for LibTorch's BLAS, [out, in] (a linear layer's
   // weight) for oneDNN's matmul (conv1x1_tile); kilobytes each.
@@ -397,7 +416,11 @@ CpuHead::CpuHead(const HeadWeights& w, CpuHeadPath path, Winograd winograd) : pa
 }
 
 int64_t CpuHead::winograd_layers() const {
-  return std::count(wino_.begin(), wino_.end(), true);
+  return std::count(method_.begin(), method_.end(), Deconv::kWinograd);
+}
+
+int64_t CpuHead::onednn_layers() const {
+  return std::count(method_.begin(), method_.end(), Deconv::kOnednn);
 }
 
 at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) const {
@@ -415,12 +438,16 @@ at::Tensor CpuHead::forward(const at::Tensor& feat, int64_t gh, int64_t gw) cons
     for (size_t i = 0; i < deconv_.size(); ++i) {
       const at::Tensor& w = deconv_[i];
       ChannelStats next;
-      if (wino_[i]) {
-        act = deconv_winograd(std::move(act), stats, w, next);
-      } else if (path_ == CpuHeadPath::kGemm) {
-        act = deconv_gemm(std::move(act), stats, w, next);
-      } else {
-        act = deconv_onednn(std::move(act), stats, w, next);
+      switch (method_[i]) {
+        case Deconv::kWinograd:
+          act = deconv_winograd(std::move(act), stats, w, next);
+          break;
+        case Deconv::kGemm:
+          act = deconv_gemm(std::move(act), stats, w, next);
+          break;
+        case Deconv::kOnednn:
+          act = deconv_onednn(std::move(act), stats, w, next);
+          break;
       }
       stats = std::move(next);
     }

@@ -28,19 +28,22 @@ namespace sapiens_seg::core::head {
 enum class CpuHeadPath {
   kGemm,    // deconvolutions as sub-pixel GEMMs, 1x1 convolutions as GEMMs (MKL for float32)
   kOnednn,  // oneDNN's deconvolutions on channels-last maps (LibTorch's conv_transpose2d)
+  kMixed,   // the sub-pixel GEMMs on deconvolutions wider than kNarrowHeadWidth both ways,
+            // oneDNN's on the narrower ones (Sapiens2's last two)
 };
-// On both paths the 1x1 convolutions are GEMMs of the library the float32 GEMM policy names
+// On every path the 1x1 convolutions are GEMMs of the library the float32 GEMM policy names
 // (cpu/gemm.hpp: oneDNN's matmul under kOnednn, else LibTorch's BLAS).
-const char* to_string(CpuHeadPath path);
+const char* to_string(CpuHeadPath path);  // "gemm", "onednn", "mixed"
 
 // The path for `dtype` on this CPU, for a head whose last maps (the classifier's input) are `width`
 // channels wide: v1 768, Sapiens2 64. In float32, oneDNN on CPUs without AVX-512, where its JIT
 // convolutions beat MKL's GEMMs on the heads' shapes, and for narrow heads (width <=
 // kNarrowHeadWidth) on Intel's AVX-512 cores; the GEMMs elsewhere, where they were measured as
-// fast or faster (benchmarks/head_bench.cpp). SAPIENS_SEG_CPU_HEAD=gemm or =onednn forces one (A/B
-// benchmarks, tests; another value is an Error(kInvalidInput)); otherwise float32 takes kOnednn
-// wherever the float32 GEMMs go to oneDNN (cpu/gemm.hpp, SAPIENS_SEG_CPU_GEMM included). LibTorch
-// without oneDNN always gets kGemm.
+// fast or faster (benchmarks/head_bench.cpp). In bfloat16, kMixed on CPUs with AMX (oneDNN's AMX
+// deconvolutions won the narrow layers, lost the wide ones), the GEMMs elsewhere.
+// SAPIENS_SEG_CPU_HEAD=gemm, =onednn or =mixed forces one (A/B benchmarks, tests; another value
+// is an Error(kInvalidInput)); otherwise float32 takes kOnednn wherever the float32 GEMMs go to
+// oneDNN (cpu/gemm.hpp, SAPIENS_SEG_CPU_GEMM included). LibTorch without oneDNN always gets kGemm.
 CpuHeadPath cpu_head_path(at::ScalarType dtype, int64_t width);
 // The rule itself for a given CPU (no environment, no LibTorch check): what the tests vary.
 CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width);
@@ -76,26 +79,29 @@ struct HeadWeights {
 class CpuHead {
  public:
   CpuHead() = default;
-  // Re-lays the weights out once for `path` (the GEMM path's copies replace the stored tensors;
-  // oneDNN's path keeps them as they are), and transforms the filters of the deconvolutions that
-  // `winograd` selects.
+  // Picks each deconvolution's method (Winograd where `winograd` selects it, else the one `path`
+  // names for it), re-lays its weight out once for that method, and transforms Winograd's filters.
   CpuHead(const HeadWeights& weights, CpuHeadPath path, Winograd winograd = Winograd::kOff);
 
   // feat: [B, gh * gw, C] contiguous, after the backbone's final norm. Returns the logits
   // [B, classes, gh * 2^s, gw * 2^s] for s deconvolutions, in feat's dtype.
   at::Tensor forward(const at::Tensor& feat, int64_t gh, int64_t gw) const;
   CpuHeadPath path() const { return path_; }
-  // How many of the transposed convolutions run by Winograd (the first ones: the wide end).
+  // How many of the transposed convolutions run by Winograd (the first ones: the wide end), and
+  // how many by oneDNN's deconvolution (the last ones: the narrow end).
   int64_t winograd_layers() const;
+  int64_t onednn_layers() const;
   bool empty() const { return deconv_.empty(); }
 
  private:
   CpuHeadPath path_ = CpuHeadPath::kGemm;
-  // deconv_: kGemm [ky, kx, in, out] (one matrix per kernel tap), kOnednn as stored, and a
-  // Winograd layer's transformed filters [4, 9, in, out] (wino_[i] says which); conv_w_ and
-  // seg_w_ [in, out], conv_w_oi_ and seg_w_oi_ [out, in].
+  // How a transposed convolution runs, and its weight's layout in deconv_: sub-pixel GEMMs
+  // [ky, kx, in, out] (one matrix per kernel tap), oneDNN's as stored (channels-last), Winograd's
+  // transformed filters [4, 9, in, out]. conv_w_ and seg_w_ [in, out], conv_w_oi_ and seg_w_oi_
+  // [out, in].
+  enum class Deconv { kGemm, kOnednn, kWinograd };
+  std::vector<Deconv> method_;
   std::vector<at::Tensor> deconv_, conv_w_, conv_w_oi_;
-  std::vector<bool> wino_;
   at::Tensor seg_w_, seg_w_oi_, seg_b_;
 };
 
