@@ -91,7 +91,8 @@ constexpr std::array kVariables{
              "`onednn` or `auto` (another value is an `invalid_input` error)",
              "`auto`: chosen per CPU (docs/cpu.md)", kEachCall},
     Variable{"SAPIENS_SEG_CPU_HEAD",
-             "Forces the CPU decoder head's path: `gemm` or `onednn` (another value is an "
+             "Forces the CPU decoder head's path: `gemm`, `onednn` or `mixed` (the sub-pixel "
+             "GEMMs on the wide layers, oneDNN on the narrow ones; another value is an "
              "`invalid_input` error)",
              "chosen per CPU and dtype (docs/cpu.md)", kEachCall},
     Variable{"SAPIENS_SEG_CPU_WINOGRAD",

@@ -109,8 +109,9 @@ TEST_P(ParityV1, EveryCpuHeadPathMatchesTheReference) {
   const Loaded m = load_fixture(GetParam());
   const auto dirs = reference_dirs(GetParam());
   std::vector<at::Tensor> first;
-  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn}) {
-    if (path == core::head::CpuHeadPath::kOnednn && !at::hasMKLDNN()) continue;
+  for (const auto path : {core::head::CpuHeadPath::kGemm, core::head::CpuHeadPath::kOnednn,
+                          core::head::CpuHeadPath::kMixed}) {
+    if (path != core::head::CpuHeadPath::kGemm && !at::hasMKLDNN()) continue;
     for (const char* wino : {"off", "all"}) {
       const core::v1::Network net =
           test::with_env("SAPIENS_SEG_CPU_HEAD", core::head::to_string(path), [&] {

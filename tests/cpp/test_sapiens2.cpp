@@ -356,10 +356,14 @@ TEST(ParitySapiens2, Float32BackboneKeepsTheModulesGemms) {
 
 namespace {
 
-// The paths of the CPU's fused head this LibTorch runs (oneDNN's needs LibTorch with oneDNN).
+// The paths of the CPU's fused head this LibTorch runs (oneDNN's and the mixed one need LibTorch
+// with oneDNN).
 std::vector<core::head::CpuHeadPath> cpu_head_paths() {
   std::vector<core::head::CpuHeadPath> paths{core::head::CpuHeadPath::kGemm};
-  if (at::hasMKLDNN()) paths.push_back(core::head::CpuHeadPath::kOnednn);
+  if (at::hasMKLDNN()) {
+    paths.push_back(core::head::CpuHeadPath::kOnednn);
+    paths.push_back(core::head::CpuHeadPath::kMixed);
+  }
   return paths;
 }
 
