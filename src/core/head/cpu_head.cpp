@@ -343,9 +343,9 @@ Winograd cpu_head_winograd(at::ScalarType dtype) {
 CpuHeadPath cpu_head_path_for(const CpuFeatures& cpu, at::ScalarType dtype, int64_t width) {
   // bfloat16, measured by head_bench on an AMX Xeon (2026-12-07, 2 cores; benchmarks/results/
   // intel-xeon-amx/cpu-head-mixed-amx.json): oneDNN's deconvolutions ran Sapiens2's 128 -> 64 and
-  // 256 -> 128 1.2-1.5x as fast as the sub-pixel GEMMs, its 1024 -> 512 at 0.74x, 512 -> 256 even,
-  // and v1's 768-wide ones at 0.97x. Not measured on AVX512-BF16 without AMX (Zen 4), which keeps
-  // the GEMMs, nor in float16.
+  // 256 -> 128 1.36x and 1.14x as fast as the sub-pixel GEMMs, its 512 -> 256 at 0.94x and
+  // 1024 -> 512 at 0.78x, and v1's 768-wide head at 0.85-0.90x (ab/cpu-head-planes-new-v1-*.json).
+  // Not measured on AVX512-BF16 without AMX (Zen 4), which keeps the GEMMs, nor in float16.
   if (dtype == at::kBFloat16 && cpu.amx_bf16_os()) return CpuHeadPath::kMixed;
   if (dtype != at::kFloat) return CpuHeadPath::kGemm;
   // Measured by head_bench (2026-12-02): on Zen 1 (AVX2 + FMA, 2 cores) v1's head in float32 took
