@@ -105,7 +105,8 @@ struct Map {
   int64_t plane_rows() const { return parity ? H / 2 : H; }
   int64_t valid() const { return parity ? W / 2 : W; }
   int64_t channels() const { return data.size(1); }
-  // Plane p's pixels as [plane_rows, valid, C] (strided over the padding columns).
+  // Plane p's pixels as [plane_rows, valid, C] (strided over the padding columns; a raster map's
+  // one plane is [H, W, C]).
   at::Tensor plane(int64_t p) const {
     const int64_t rows = plane_rows(), C = channels();
     return data.narrow(0, p * rows * pitch, rows * pitch)
@@ -126,7 +127,7 @@ void write_raster(const at::Tensor& grid, const Map& act, const ChannelStats& st
   const std::pair<at::Tensor, at::Tensor> affine =
       raw ? std::pair<at::Tensor, at::Tensor>() : stats.affine(kInstanceNormEps);
   for (int64_t p = 0; p < act.planes(); ++p) {
-    const at::Tensor src = act.parity ? act.plane(p) : act.data.view({act.H, act.W, -1});
+    const at::Tensor src = act.plane(p);
     const at::Tensor dst = act.in_grid(grid, p);
     if (!raw) {
       norm_silu_into(dst, src, affine);
