@@ -26,6 +26,7 @@
 #include "core/cpu/cpuid.hpp"
 #include "core/cpu/cpuinfo.hpp"
 #include "core/cpu/gemm.hpp"
+#include "core/cpu/row_chunks.hpp"
 #include "core/head/cpu_head.hpp"
 #include "core/head/winograd.hpp"
 #include "core/resize/resize.hpp"
@@ -636,8 +637,40 @@ TEST(UnitNetwork, CpuHeadPathRule) {
   });
 }
 
-// Which deconvolutions go by Winograd: float32 on CPUs without AVX-512 (measured there), the
-// wide layers only unless forced, never another dtype.
+// The MLPs' row chunks cover every row once, each a whole chunk but for the last, which takes in
+// a remainder shorter than a quarter chunk (Sapiens2 0.4b at 1024x768: 3081 tokens).
+TEST(UnitNetwork, MlpRowChunksLeaveNoThinChunk) {
+  auto plan = [](int64_t total, int64_t rows) {
+    std::vector<int64_t> sizes;
+    for (int64_t r = 0, n = 0; r < total; r += n) {
+      n = core::cpu::chunk_rows_at(r, total, rows);
+      sizes.push_back(n);
+    }
+    return sizes;
+  };
+  EXPECT_EQ(plan(3081, 1024), (std::vector<int64_t>{1024, 1024, 1033}));
+  EXPECT_EQ(plan(3072, 1024), (std::vector<int64_t>{1024, 1024, 1024}));
+  EXPECT_EQ(plan(3328, 1024), (std::vector<int64_t>{1024, 1024, 1024, 256}));
+  EXPECT_EQ(plan(300, 1024), (std::vector<int64_t>{300}));
+  EXPECT_EQ(core::cpu::largest_chunk_rows(3081, 1024), 1033);
+  EXPECT_EQ(core::cpu::largest_chunk_rows(300, 1024), 300);
+  for (int64_t total = 1; total < 5000; total += 7) {
+    const std::vector<int64_t> sizes = plan(total, 1024);
+    int64_t sum = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      sum += sizes[i];
+      if (i + 1 < sizes.size()) EXPECT_EQ(sizes[i], 1024) << total;
+    }
+    EXPECT_EQ(sum, total);
+    if (sizes.size() > 1) {
+      EXPECT_GE(sizes.back(), 256) << total;
+      EXPECT_LT(sizes.back(), 1024 + 256) << total;
+    }
+    EXPECT_EQ(core::cpu::largest_chunk_rows(total, 1024),
+              *std::max_element(sizes.begin(), sizes.end()));
+  }
+}
+
 // Sapiens2's float32 MLP by column chunks: where measured (AVX2), not on AVX-512 CPUs.
 TEST(UnitNetwork, Sapiens2MlpColumnsRule) {
   const TestCpus c;
@@ -648,6 +681,8 @@ TEST(UnitNetwork, Sapiens2MlpColumnsRule) {
   EXPECT_EQ(core::v2::mlp_columns_for(c.zen5), 0);
 }
 
+// Which deconvolutions go by Winograd: float32 on CPUs without AVX-512 (measured there), the
+// wide layers only unless forced, never another dtype.
 TEST(UnitNetwork, CpuHeadWinogradRule) {
   using core::head::cpu_head_winograd;
   using core::head::cpu_head_winograd_for;

@@ -12,6 +12,7 @@
 #include "../attention/cpu_attention.hpp"
 #include "../checkpoint/layout.hpp"
 #include "../cpu/gemm.hpp"
+#include "../cpu/row_chunks.hpp"
 #include "sapiens_seg/error.hpp"
 
 namespace sapiens_seg::core::v1 {
@@ -195,7 +196,8 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
 
 namespace {
 
-constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the backbone's MLP on the CPU
+constexpr int64_t kMlpRows =
+    1024;  // tokens per chunk of the backbone's MLP on the CPU (cpu/row_chunks.hpp)
 
 }  // namespace
 
@@ -263,8 +265,8 @@ at::Tensor Network::forward(const at::Tensor& input) const {
     if (on_cpu && gemm == cpu::GemmPolicy::kOnednn) {
       // oneDNN's op has no out= form: row chunks small enough for the allocator to reuse, copied
       // into the per-call buffer (a fresh 3C-wide map per block would cost a page fault per 4 KiB).
-      for (int64_t r = 0; r < M; r += kMlpRows) {
-        const int64_t n = std::min(kMlpRows, M - r);
+      for (int64_t r = 0, n = 0; r < M; r += n) {
+        n = cpu::chunk_rows_at(r, M, kMlpRows);
         qkv.narrow(0, r, n).copy_(cpu::linear(h.narrow(0, r, n), b.qkv_w, b.qkv_b, gemm));
       }
     } else if (on_cpu) {
@@ -289,8 +291,8 @@ at::Tensor Network::forward(const at::Tensor& input) const {
     if (on_cpu) {
       // The MLP in row chunks: each chunk's hidden activation (4C wide) stays in the last-level
       // cache between the two GEMMs.
-      for (int64_t r = 0; r < M; r += kMlpRows) {
-        const int64_t n = std::min(kMlpRows, M - r);
+      for (int64_t r = 0, n = 0; r < M; r += n) {
+        n = cpu::chunk_rows_at(r, M, kMlpRows);
         at::Tensor xr = x.narrow(0, r, n);
         xr.copy_(cpu::linear_add(cpu::linear_gelu(h.narrow(0, r, n), b.fc1_w, b.fc1_b, gemm), xr,
                                  b.fc2_w, b.fc2_b, gemm));

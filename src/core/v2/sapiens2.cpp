@@ -20,6 +20,7 @@
 #include "../attention/cpu_attention.hpp"
 #include "../checkpoint/layout.hpp"
 #include "../checkpoint/mapped_file.hpp"
+#include "../cpu/row_chunks.hpp"
 #include "../settings.hpp"
 #include "cpu_ops.hpp"
 #include "sapiens_seg/error.hpp"
@@ -30,7 +31,8 @@ namespace {
 constexpr double kRmsNormEps = 1e-6;       // every RMSNorm of the backbone, q/k-norm included
 constexpr double kInstanceNormEps = 1e-5;  // InstanceNorm2d defaults in the head
 constexpr int64_t kRopeBase = 100;         // the module's default base, for files without periods
-constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the MLP (bfloat16 and float16 on the CPU)
+constexpr int64_t kMlpRows = 1024;  // tokens per chunk of the MLP (bfloat16 and float16 on the CPU;
+                                    // cpu/row_chunks.hpp)
 constexpr int64_t kMaxFusedHeadDim = 512;  // cpu::aten_arith::kMaxHeadDim
 // Columns of w12 per chunk of the float32 MLP where the CPU's rule takes chunks: a pair of
 // [M, 1024] chunks is 25 MB at 3077 tokens. benchmarks/mlp_bench.cpp on Zen 3 (2026-12-07,
@@ -585,7 +587,7 @@ at::Tensor Network::blocks_fused(const at::Tensor& x0, size_t first, size_t end,
   // float32: the MLP over all rows at once, the module's GEMM shapes (their roundings depend on
   // them); bfloat16: kMlpRows rows at a time, so that each chunk's [rows, 2F] map stays in cache
   // between its GEMMs and the gate.
-  const int64_t mlp_rows = dtype_ == at::kFloat ? M : std::min(kMlpRows, M);
+  const int64_t mlp_rows = dtype_ == at::kFloat ? M : cpu::largest_chunk_rows(M, kMlpRows);
   pass.g = at::empty({pass.mlp_cols > 0 ? 0 : mlp_rows * 2 * F}, opt);
   pass.a = at::empty({mlp_rows * F}, opt);
   if (dtype_ != at::kFloat) pass.r = at::empty({mlp_rows, C}, opt);
@@ -691,9 +693,8 @@ at::Tensor Network::block_fused(const Block& b, const at::Tensor& x, const at::T
   // (rows are independent, and the chunk's rows of h are no longer needed).
   const at::Tensor xm = x1.view({M, C});
   const at::Tensor& hm = h;
-  const int64_t rows = pass.r.size(0);
-  for (int64_t r = 0; r < M; r += rows) {
-    const int64_t n = std::min(rows, M - r);
+  for (int64_t r = 0, n = 0; r < M; r += n) {
+    n = cpu::chunk_rows_at(r, M, kMlpRows);
     const at::Tensor g = linear_into(pass.g.narrow(0, 0, n * 2 * F).view({n, 2 * F}),
                                      hm.narrow(0, r, n), b.w12_w, b.w12_b);
     const at::Tensor a = pass.a.narrow(0, 0, n * F).view({n, F});
@@ -761,12 +762,13 @@ void Network::add_mlp_chunked(const Block& b, const at::Tensor& h, const at::Ten
                               Pass& pass) const {
   const int64_t M = pass.batch * pass.tokens, C = config_.embed_dim, F = b.w12_w.size(0) / 2;
   if (!pass.mlp_g.defined() || pass.mlp_g.size(1) != 2 * F) {
-    pass.mlp_g = at::empty({std::min(kMlpRows, M), 2 * F}, h.options());
-    pass.mlp_a = at::empty({std::min(kMlpRows, M), F}, h.options());
+    const int64_t rows = cpu::largest_chunk_rows(M, kMlpRows);
+    pass.mlp_g = at::empty({rows, 2 * F}, h.options());
+    pass.mlp_a = at::empty({rows, F}, h.options());
   }
   const at::Tensor xm = x.view({M, C}), hm = h.view({M, C}), w12t = b.w12_w.t();
-  for (int64_t r = 0; r < M; r += kMlpRows) {
-    const int64_t n = std::min(kMlpRows, M - r);
+  for (int64_t r = 0, n = 0; r < M; r += n) {
+    n = cpu::chunk_rows_at(r, M, kMlpRows);
     at::Tensor g = pass.mlp_g.narrow(0, 0, n);
     at::addmm_out(g, b.w12_b, hm.narrow(0, r, n), w12t);
     const at::Tensor a = pass.mlp_a.narrow(0, 0, n);
