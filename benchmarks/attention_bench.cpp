@@ -59,9 +59,11 @@ int main(int argc, char** argv) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
     for (const attn::CpuAttentionPath path :
          {attn::CpuAttentionPath::kAvx512, attn::CpuAttentionPath::kAvx2,
-          attn::CpuAttentionPath::kAvx512Bf16}) {
+          attn::CpuAttentionPath::kAvx512Bf16, attn::CpuAttentionPath::kAmxBf16}) {
       const at::ScalarType dtype =
-          path == attn::CpuAttentionPath::kAvx512Bf16 ? at::kBFloat16 : at::kFloat;
+          path == attn::CpuAttentionPath::kAvx512Bf16 || path == attn::CpuAttentionPath::kAmxBf16
+              ? at::kBFloat16
+              : at::kFloat;
       if (!attn::cpu_attention_runs(path, dtype, c.hd)) continue;  // not on this CPU
       at::manual_seed(0);
       at::Tensor q, k, v;

@@ -2,7 +2,7 @@
 """The CPU's float32 GEMM policies and head paths against each other, end to end, in one process.
 
     python benchmarks/cpu_policy_ab.py --model FILE [--size 1024x768] [--rounds 3] [--json OUT]
-        [--variants mkl/gemm,...] [--vary SAPIENS_SEG_VARIABLE=value,value]
+        [--variants mkl/gemm,...] [--vary SAPIENS_SEG_VARIABLE=value,value] [--dtype float32]
 
 The library picks per CPU which library runs the float32 GEMMs (SAPIENS_SEG_CPU_GEMM: mkl,
 split, onednn; src/core/cpu/gemm.hpp) and which path the decoder head takes
@@ -12,7 +12,10 @@ head path, then times whole calls with the GEMM policy switched call by call (th
 at every forward pass), the variants interleaved round by round (every other round in the
 reverse order) so that a change in the machine's load hits them alike. `--vary` crosses the
 variants with the values of one more setting read at every call
-(SAPIENS_SEG_CPU_MLP_COLUMNS=off,auto: Sapiens2's float32 MLP whole or by column chunks). The
+(SAPIENS_SEG_CPU_MLP_COLUMNS=off,auto: Sapiens2's float32 MLP whole or by column chunks;
+SAPIENS_SEG_CPU_ATTENTION=libtorch,auto: LibTorch's attention or the CPU's rule). `--dtype
+bfloat16` runs the networks in bfloat16, whose GEMMs no policy moves (`split/mixed`, the head
+path bfloat16 takes on AMX CPUs, with --vary is the A/B of one setting). The
 network time (the library's own `timings["network"]`) is what the policies change; the call time
 is what a user waits. Sapiens2 keeps MKL in its backbone under every policy (its bf16 RoPE needs
 the authors' float32 rounding), so for Sapiens2 only the head and the MLP's chunking move.
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine_facts import machine_facts  # noqa: E402
 
 POLICIES = ("mkl", "split", "onednn")
-HEADS = ("gemm", "onednn", "gemm+wino", "onednn+wino")
+HEADS = ("gemm", "onednn", "mixed", "gemm+wino", "onednn+wino")
 # Every policy with the two direct head paths; Winograd's variants are asked for by name.
 DEFAULT_VARIANTS = ",".join(f"{p}/{h}" for h in HEADS[:2] for p in POLICIES)
 
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="GEMM policy/head path pairs to time, e.g. mkl/gemm,split/onednn")
     ap.add_argument("--vary", help="SAPIENS_SEG_VARIABLE=v1,v2: a setting read per call, "
                     "crossed with the variants")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     pairs = [tuple(v.split("/")) for v in args.variants.split(",")]
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SAPIENS_SEG_CPU_WINOGRAD"] = "on" if head.endswith("+wino") else "off"
         t0 = time.perf_counter()
         models[head] = segmentation.load(args.model, mode="portable", device="cpu",
-                                         dtype="float32", accept_noncommercial=True)
+                                         dtype=args.dtype, accept_noncommercial=True)
         print(f"head {head}: loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     os.environ.pop("SAPIENS_SEG_CPU_HEAD")
     os.environ.pop("SAPIENS_SEG_CPU_WINOGRAD")
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
           + f"; fastest {best}")
     if args.json:
         out = {"machine": machine_facts(), "model": Path(args.model).name, "size": args.size,
+               "dtype": args.dtype,
                "rounds": args.rounds, "varied": var, "variants": rows, "fastest": best,
                "library_default": segmentation_default_line()}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

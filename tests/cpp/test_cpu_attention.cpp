@@ -90,15 +90,27 @@ TEST(UnitCpuAttention, PathFollowsTheCpu) {
                            [] { return cpu_attention_path(at::kFloat, 64); }),
             f32_kernel);
   // bfloat16 runs the kernel on CPUs with AVX512-BF16 but without AMX-BF16 (whose tiles make
-  // LibTorch's attention the faster); =kernel forces it there too.
+  // LibTorch's attention the faster, or level with the library's AMX kernel); =kernel forces the
+  // widest kernel, the AMX one where it runs (head dims a multiple of 32).
   const bool bf16_kernel = f.avx512_core() && f.avx512_bf16;
-  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64),
-            bf16_kernel && core::attention::bfloat16_kernel_beats_libtorch(core::cpu_caps())
-                ? CpuAttentionPath::kAvx512Bf16
-                : CpuAttentionPath::kLibTorch);
+  const bool amx = cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kBFloat16, 64);
+  EXPECT_TRUE(!amx || (f.amx_bf16_os() && bf16_kernel)) << "AMX ran without its CPU bits";
+  for (const int64_t hd : {64, 80}) {
+    EXPECT_EQ(cpu_attention_path(at::kBFloat16, hd),
+              bf16_kernel && core::attention::bfloat16_kernel_beats_libtorch(core::cpu_caps())
+                  ? CpuAttentionPath::kAvx512Bf16
+                  : CpuAttentionPath::kLibTorch);
+  }
   EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
                            [] { return cpu_attention_path(at::kBFloat16, 64); }),
+            amx           ? CpuAttentionPath::kAmxBf16
+            : bf16_kernel ? CpuAttentionPath::kAvx512Bf16
+                          : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
+                           [] { return cpu_attention_path(at::kBFloat16, 80); }),
             bf16_kernel ? CpuAttentionPath::kAvx512Bf16 : CpuAttentionPath::kLibTorch);
+  EXPECT_EQ(test::with_libtorch_attention([] { return cpu_attention_path(at::kBFloat16, 64); }),
+            CpuAttentionPath::kLibTorch);
   EXPECT_EQ(cpu_attention_runs(CpuAttentionPath::kAvx2, at::kFloat, 64), avx2);
   EXPECT_FALSE(cpu_attention_runs(CpuAttentionPath::kAvx2, at::kBFloat16, 64));   // float32 only
   EXPECT_EQ(cpu_attention_path(at::kFloat, 129), CpuAttentionPath::kLibTorch);    // over 8 vectors
@@ -192,36 +204,71 @@ TEST(UnitCpuAttention, Float32PeakedSoftmax) {
 }
 
 // bfloat16: the probabilities and the output are rounded to bfloat16, as in LibTorch's kernel; the
-// errors against the exact result are held to LibTorch's own in the same dtype.
+// errors against the exact result are held to LibTorch's own in the same dtype, on each bfloat16
+// path this CPU runs (the AMX one at the head dims it takes, multiples of 32).
 TEST(UnitCpuAttention, Bfloat16AsCloseAsLibTorch) {
-  const core::CpuFeatures& f = core::host_cpu_features();
-  if (!f.avx512_core() || !f.avx512_bf16) {
-    GTEST_SKIP() << "this CPU has no AVX512-BF16: the bfloat16 kernel cannot run here";
+  int ran = 0;
+  for (CpuAttentionPath path : {CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAmxBf16}) {
+    uint64_t seed = 20;
+    for (const Case& c : kCases) {
+      if (!cpu_attention_runs(path, at::kBFloat16, c.hd)) continue;
+      ++ran;
+      SCOPED_TRACE(std::string(core::attention::to_string(path)) + " " + name(c));
+      const Qkv x = random_qkv(c, at::kBFloat16, ++seed);
+      const at::Tensor ref = exact(x);
+      const at::Tensor got = cpu_attention(x.q, x.k, x.v, path);
+      const at::Tensor lib = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kLibTorch);
+      ASSERT_EQ(got.scalar_type(), at::kBFloat16);
+      const double lib_max = max_err(lib, ref), lib_mean = mean_err(lib, ref);
+      std::printf("bfloat16 %-11s %-24s max |err| kernel %.3g, LibTorch %.3g; mean %.3g, %.3g\n",
+                  core::attention::to_string(path), name(c).c_str(), max_err(got, ref), lib_max,
+                  mean_err(got, ref), lib_mean);
+      EXPECT_LE(max_err(got, ref), 1.5 * lib_max + 1e-3) << "LibTorch's max error " << lib_max;
+      EXPECT_LE(mean_err(got, ref), 1.2 * lib_mean + 1e-5) << "LibTorch's mean error " << lib_mean;
+      EXPECT_LT(max_err(got, ref), 2e-2);
+    }
   }
-  uint64_t seed = 20;
-  for (const Case& c : kCases) {
-    if (c.hd % 2) continue;
+  if (ran == 0) GTEST_SKIP() << "this CPU has no AVX512-BF16: no bfloat16 kernel runs here";
+}
+
+// The AMX path where the tiles' edges are: fewer query rows than a tile (1, 15, 17), a row count
+// one past a pass (33), keys one past a 64-key tile (65), and the widest head dim it takes (128),
+// each against the AVX512-BF16 kernel's products (the same packed panels, softmax and rounding;
+// only the order of the float32 sums inside a dot product differs) and the exact result.
+TEST(UnitCpuAttention, AmxTilesAtTheirEdges) {
+  if (!cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kBFloat16, 64)) {
+    GTEST_SKIP() << "this CPU (or its OS) offers no AMX-BF16 tiles";
+  }
+  EXPECT_FALSE(cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kBFloat16, 80));  // not 32k
+  EXPECT_FALSE(cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kFloat, 64));
+  uint64_t seed = 40;
+  for (const Case& c : std::vector<Case>{{1, 2, 2, 1, 64},
+                                         {1, 2, 1, 15, 64},
+                                         {1, 1, 1, 17, 64},
+                                         {2, 2, 2, 33, 64},
+                                         {1, 4, 2, 65, 64},
+                                         {1, 2, 2, 97, 128},
+                                         {1, 2, 2, 64, 32}}) {
     SCOPED_TRACE(name(c));
     const Qkv x = random_qkv(c, at::kBFloat16, ++seed);
     const at::Tensor ref = exact(x);
-    const at::Tensor got = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512Bf16);
-    const at::Tensor lib = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kLibTorch);
-    ASSERT_EQ(got.scalar_type(), at::kBFloat16);
-    const double lib_max = max_err(lib, ref), lib_mean = mean_err(lib, ref);
-    std::printf("bfloat16 %-24s max |err| kernel %.3g, LibTorch %.3g; mean %.3g, %.3g\n",
-                name(c).c_str(), max_err(got, ref), lib_max, mean_err(got, ref), lib_mean);
-    EXPECT_LE(max_err(got, ref), 1.5 * lib_max + 1e-3) << "LibTorch's max error " << lib_max;
-    EXPECT_LE(mean_err(got, ref), 1.2 * lib_mean + 1e-5) << "LibTorch's mean error " << lib_mean;
+    const at::Tensor got = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAmxBf16);
+    const at::Tensor vdp = cpu_attention(x.q, x.k, x.v, CpuAttentionPath::kAvx512Bf16);
     EXPECT_LT(max_err(got, ref), 2e-2);
+    // bfloat16 outputs of one sum in two orders: at most a step or two of bfloat16 apart.
+    EXPECT_LT((got.to(at::kFloat) - vdp.to(at::kFloat)).abs().max().item<double>(), 2e-2);
+    EXPECT_LE(mean_err(got, ref), 1.2 * mean_err(vdp, ref) + 1e-5);
   }
 }
 
 // q, k, v as v1 takes them from its fused qkv GEMM (strided views of one [B, N, 3, heads, hd]
 // tensor), and grouped kv heads, give the same bytes as contiguous, expanded inputs.
 TEST(UnitCpuAttention, StridedAndGroupedInputsGiveTheSameBytes) {
-  for (CpuAttentionPath path :
-       {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2, CpuAttentionPath::kAvx512Bf16}) {
-    const at::ScalarType dtype = path == CpuAttentionPath::kAvx512Bf16 ? at::kBFloat16 : at::kFloat;
+  for (CpuAttentionPath path : {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2,
+                                CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAmxBf16}) {
+    const at::ScalarType dtype =
+        path == CpuAttentionPath::kAvx512Bf16 || path == CpuAttentionPath::kAmxBf16 ? at::kBFloat16
+                                                                                    : at::kFloat;
     if (!cpu_attention_runs(path, dtype, 64)) continue;
     SCOPED_TRACE(core::attention::to_string(path));
     at::manual_seed(3);

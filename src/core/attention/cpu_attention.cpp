@@ -12,6 +12,11 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "../cpu/cpuid.hpp"
 #include "../cpu/cpuinfo.hpp"
 #include "../settings.hpp"
@@ -23,6 +28,8 @@
 #define SAPIENS_SEG_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16")))
 #define SAPIENS_SEG_AVX2 __attribute__((target("avx2,fma")))
+#define SAPIENS_SEG_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx512bf16,amx-tile,amx-bf16")))
 #endif
 
 namespace sapiens_seg::core::attention {
@@ -46,7 +53,8 @@ constexpr int64_t kCols = 64;               // keys per score tile; N is padded 
 constexpr int64_t kMaxHeadDim = 128;        // 8 vectors of 16
 constexpr int64_t kAvx2Rows = 4 * kRows;    // query rows per pass of the AVX2 path (below)
 constexpr int64_t kAvx512Rows = 4 * kRows;  // and of the AVX-512 paths
-constexpr int64_t kTaskRows = 8 * kRows;    // a multiple of every path's rows per pass
+constexpr int64_t kAmxRows = 32;            // and of the AMX path: two tiles of 16 rows
+constexpr int64_t kTaskRows = 96;           // a multiple of every path's rows per pass
 
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -172,7 +180,9 @@ SAPIENS_SEG_AVX512 inline __mmask16 tail_mask(int64_t j, int64_t n) {
 
 SAPIENS_SEG_AVX512 float row_max(const float* s, int64_t n) {
   __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < n; j += 16) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
+  if (j < n) {
     const __mmask16 k = tail_mask(j, n);
     m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, s + j));
   }
@@ -181,16 +191,28 @@ SAPIENS_SEG_AVX512 float row_max(const float* s, int64_t n) {
 
 // exp(c * (s[j] - max)) for j < n, 0 for n <= j < npad, into e (float32 or bfloat16); returns
 // the float32 sum of the unrounded values. c = scale * log2(e).
+// The loops below take whole vectors unmasked up to n and the masked one(s) after: the same
+// values (the mask only zeroes the lanes past n).
+SAPIENS_SEG_AVX512 inline __m512 softmax_numerator(const float* s, int64_t j, __m512 vm,
+                                                   __m512 vc) {
+  return exp2_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm), vc));
+}
+
 SAPIENS_SEG_AVX512 inline __m512 softmax_numerator(const float* s, int64_t j, int64_t n, __m512 vm,
                                                    __m512 vc) {
-  const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm), vc);
-  return _mm512_maskz_mov_ps(tail_mask(j, n), exp2_nonpositive(x));
+  return _mm512_maskz_mov_ps(tail_mask(j, n), softmax_numerator(s, j, vm, vc));
 }
 
 SAPIENS_SEG_AVX512 float softmax_row(const float* s, int64_t n, int64_t npad, float c, float* e) {
   const __m512 vm = _mm512_set1_ps(row_max(s, n)), vc = _mm512_set1_ps(c);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < npad; j += 16) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 x = softmax_numerator(s, j, vm, vc);
+    sum = _mm512_add_ps(sum, x);
+    _mm512_storeu_ps(e + j, x);
+  }
+  for (; j < npad; j += 16) {
     const __m512 x = softmax_numerator(s, j, n, vm, vc);
     sum = _mm512_add_ps(sum, x);
     _mm512_storeu_ps(e + j, x);
@@ -202,12 +224,14 @@ SAPIENS_SEG_AVX512BF16 float softmax_row(const float* s, int64_t n, int64_t npad
                                          std::uint32_t* e) {
   const __m512 vm = _mm512_set1_ps(row_max(s, n)), vc = _mm512_set1_ps(c);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < npad; j += 16) {
-    const __m512 x = softmax_numerator(s, j, n, vm, vc);
+  auto put = [&](int64_t j, __m512 x) SAPIENS_SEG_AVX512BF16 {
     sum = _mm512_add_ps(sum, x);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(e + j / 2),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
-  }
+  };
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) put(j, softmax_numerator(s, j, vm, vc));
+  for (; j < npad; j += 16) put(j, softmax_numerator(s, j, n, vm, vc));
   return _mm512_reduce_add_ps(sum);
 }
 
@@ -393,6 +417,108 @@ SAPIENS_SEG_AVX512BF16 void store_row(const float* o, float sum, int64_t hd, at:
   }
 }
 
+// ---- AMX-BF16 tiles, bfloat16 only -------------------------------------------------------------
+//
+// The AVX512-BF16 path's packed panels, softmax and output rows, with the two products on the
+// tiles: TDPBF16PS multiplies a 16-row tile of bf16 pairs by a 16-row tile of pairs laid out as
+// the packed K and V already are (a row per pair, a 32-bit column per key or per head-dim
+// column), summing in float32. Every tile is 16 rows of 64 bytes: tmm0-3 the sums of a 2 x 2
+// block, tmm4-5 two row tiles of the left operand, tmm6-7 two column tiles of the right one. Head
+// dims a multiple of 32 only (a pair step is 16 words), which the networks' 64 is.
+
+// Linux gives a process the tiles' register state only once it asks (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); before that the first tile instruction faults.
+bool amx_permitted() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  static const bool ok = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// LDTILECFG's 64-byte operand: palette 1, every tile 16 rows of 64 bytes. A constant in memory:
+// GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes only, so the stores of a
+// configuration built on the stack were dropped as dead (the tiles then faulted unconfigured).
+struct alignas(64) TileConfig {
+  std::uint8_t palette, start_row;
+  std::uint8_t reserved[14];
+  std::uint16_t colsb[16];
+  std::uint8_t rows[16];
+};
+constexpr TileConfig kTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+static_assert(sizeof(TileConfig) == 64);
+
+SAPIENS_SEG_AMX void amx_begin() {
+  _tile_loadconfig(&kTileConfig);
+}
+
+SAPIENS_SEG_AMX void amx_end() {
+  _tile_release();
+}
+
+// Scores of kAmxRows query rows (rows of qw pair words) against one packed 64-key tile
+// ([qw][kCols] words), 32 keys at a time.
+SAPIENS_SEG_AMX void scores_amx(const std::uint32_t* q, int64_t qw, const std::uint32_t* kt,
+                                float* s, int64_t s_stride) {
+  const auto qs = static_cast<size_t>(qw * 4), ks = static_cast<size_t>(kCols * 4),
+             ss = static_cast<size_t>(s_stride * 4);
+  for (int64_t j = 0; j < kCols; j += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t p = 0; p < qw; p += 16) {
+      _tile_loadd(4, q + p, qs);
+      _tile_loadd(5, q + 16 * qw + p, qs);
+      _tile_loadd(6, kt + p * kCols + j, ks);
+      _tile_loadd(7, kt + p * kCols + j + 16, ks);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, s + j, ss);
+    _tile_stored(1, s + j + 16, ss);
+    _tile_stored(2, s + 16 * s_stride + j, ss);
+    _tile_stored(3, s + 16 * s_stride + j + 16, ss);
+  }
+}
+
+// o[i][0 .. 16*nv) = sum over keys of e[i][key] * V[key] for kAmxRows rows (e rows of npad/2
+// pair words, V packed [npad/2][16*nv] words), 32 head-dim columns at a time, the keys in order.
+SAPIENS_SEG_AMX void weighted_amx(int64_t nv, const void* e_words, int64_t npad,
+                                  const void* v_words, float* o) {
+  const auto* e = static_cast<const std::uint32_t*>(e_words);
+  const auto* vp = static_cast<const std::uint32_t*>(v_words);
+  const int64_t ew = npad / 2, width = nv * 16;
+  const auto es = static_cast<size_t>(ew * 4), vs = static_cast<size_t>(width * 4);
+  for (int64_t c = 0; c < width; c += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t t = 0; t < ew; t += 16) {
+      _tile_loadd(4, e + t, es);
+      _tile_loadd(5, e + 16 * ew + t, es);
+      _tile_loadd(6, vp + t * width + c, vs);
+      _tile_loadd(7, vp + t * width + c + 16, vs);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, o + c, vs);
+    _tile_stored(1, o + c + 16, vs);
+    _tile_stored(2, o + 16 * width + c, vs);
+    _tile_stored(3, o + 16 * width + c + 16, vs);
+  }
+}
+
 // ---- AVX2 + FMA, float32 only (CPUs without AVX-512: Zen 1-3, Haswell to Alder Lake) ---------
 //
 // The same packed panels, scores, softmax and weighted sum as the AVX-512 float32 path, in 8-wide
@@ -552,9 +678,11 @@ SAPIENS_SEG_AVX2 void store_row_avx2(const float* o, float sum, int64_t hd, floa
 // A path's Ops: its query rows per pass, its output dtype and its four steps. Word is what the
 // packed panels, the query tile and the probabilities hold (a pair of bf16 in a 32-bit word, or a
 // float); per_word, the elements in a Word.
-template <int64_t Rows, class OutT, auto Scores, auto Softmax, auto Weighted, auto Store>
+template <int64_t Rows, class OutT, auto Scores, auto Softmax, auto Weighted, auto Store,
+          bool Amx = false>
 struct KernelOps {
   static constexpr int64_t rows = Rows;
+  static constexpr bool amx = Amx;  // the tiles are configured per thread around its tasks
   static constexpr bool bf16 = std::is_same_v<OutT, at::BFloat16>;
   static constexpr int64_t per_word = bf16 ? 2 : 1;
   using Out = OutT;
@@ -591,6 +719,9 @@ using Avx512Bf16Ops =
 using Avx512F32Ops = KernelOps<kAvx512Rows, float, &scores_rows<float, &scores_f32>,
                                static_cast<SoftmaxF32>(&softmax_row), &weighted_any<false>,
                                static_cast<StoreF32>(&store_row)>;
+using AmxBf16Ops =
+    KernelOps<kAmxRows, at::BFloat16, &scores_amx, static_cast<SoftmaxBf16>(&softmax_row),
+              &weighted_amx, static_cast<StoreBf16>(&store_row), true>;
 using Avx2F32Ops = KernelOps<kAvx2Rows, float, &scores_f32_avx2, &softmax_row_avx2,
                              &weighted_f32_avx2, &store_row_avx2>;
 
@@ -648,11 +779,13 @@ void attend(const at::Tensor& q, const Shape& s, const Packed& pk, at::Tensor& o
   const int64_t blocks = (s.N + kTaskRows - 1) / kTaskRows;
   at::parallel_for(0, s.B * s.Hq * blocks, 1, [&](int64_t begin, int64_t end) {
     Scratch<Ops> w(s);
+    if constexpr (Ops::amx) amx_begin();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t blk = task % blocks, bh = task / blocks;
       const int64_t r0 = blk * kTaskRows, r1 = std::min(s.N, r0 + kTaskRows);
       attend_rows<Ops>(q, s, pk, bh / s.Hq, bh % s.Hq, r0, r1, c, out, w);
     }
+    if constexpr (Ops::amx) amx_end();
   });
 }
 
@@ -697,6 +830,8 @@ const char* to_string(CpuAttentionPath path) {
       return "avx512";
     case CpuAttentionPath::kAvx512Bf16:
       return "avx512-bf16";
+    case CpuAttentionPath::kAmxBf16:
+      return "amx-bf16";
     case CpuAttentionPath::kAvx2:
       return "avx2";
     default:
@@ -715,6 +850,13 @@ bool cpu_attention_runs(CpuAttentionPath path, at::ScalarType dtype, int64_t hd)
       return dtype == at::kBFloat16 && hd % 2 == 0 && f.avx512_core() && f.avx512_bf16;
     case CpuAttentionPath::kAvx2:
       return dtype == at::kFloat && f.avx2_fma();
+    case CpuAttentionPath::kAmxBf16:
+#ifdef SAPIENS_SEG_X86
+      return dtype == at::kBFloat16 && hd % 32 == 0 && f.avx512_core() && f.avx512_bf16 &&
+             f.amx_bf16_os() && amx_permitted();
+#else
+      return false;
+#endif
     default:
       return false;
   }
@@ -732,12 +874,17 @@ bool bfloat16_kernel_beats_libtorch(const CpuCaps& caps) {
 
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd) {
   if (forced_libtorch()) return CpuAttentionPath::kLibTorch;
-  // Widest first: the AVX-512 tiles do twice the work per instruction of the AVX2 ones.
-  for (CpuAttentionPath p :
-       {CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
+  // Widest first: the AMX tiles, then the AVX-512 vectors (twice the work per instruction of the
+  // AVX2 ones). The AMX path runs only when forced: on the AMX Xeon it ran the networks' hd-64
+  // attention 0.93-1.35x as fast as LibTorch's own on the same tiles alone
+  // (benchmarks/results/intel-xeon-amx/cpu-attention-amx-tiles.json), but whole bfloat16 calls
+  // came out level (0.98-1.08x by run and model; ab/cpu-attention-amx-tiles-ab-*.json).
+  for (CpuAttentionPath p : {CpuAttentionPath::kAmxBf16, CpuAttentionPath::kAvx512Bf16,
+                             CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
     if (cpu_attention_runs(p, dtype, hd)) {
-      const bool pays =
-          dtype == at::kFloat ? float32_kernel_pays_off() : bfloat16_kernel_pays_off();
+      const bool pays = p == CpuAttentionPath::kAmxBf16 ? forced_attention() == "kernel"
+                        : dtype == at::kFloat           ? float32_kernel_pays_off()
+                                                        : bfloat16_kernel_pays_off();
       return pays ? p : CpuAttentionPath::kLibTorch;
     }
   }
@@ -766,13 +913,17 @@ std::vector<std::string> cpu_attention_lines() {
            : lib + " (the library's " + kernel +
                  " kernel is the faster in float32 on AMD cores only; SAPIENS_SEG_CPU_ATTENTION="
                  "kernel forces it)"));
-  lines.push_back("bfloat16: " +
-                  (!f.avx512_core() ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
-                   : !f.avx512_bf16 ? lib + " (the library's kernel needs AVX512-BF16)"
-                   : bfloat16_kernel_pays_off()
-                       ? std::string("the library's AVX512-BF16 kernel")
-                       : lib + " (on AMX-BF16 tiles, about 3x the library's AVX512-BF16 kernel; "
-                               "SAPIENS_SEG_CPU_ATTENTION=kernel forces the kernel)"));
+  const bool amx = cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kBFloat16, 64);
+  lines.push_back(
+      "bfloat16: " +
+      (!f.avx512_core()             ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
+       : !f.avx512_bf16             ? lib + " (the library's kernel needs AVX512-BF16)"
+       : bfloat16_kernel_pays_off() ? std::string("the library's AVX512-BF16 kernel")
+       : amx
+           ? lib + " (on AMX-BF16 tiles, level with the library's AMX-BF16 kernel in whole calls; "
+                   "SAPIENS_SEG_CPU_ATTENTION=kernel forces the kernel)"
+           : lib + " (on AMX-BF16 tiles, about 3x the library's AVX512-BF16 kernel; "
+                   "SAPIENS_SEG_CPU_ATTENTION=kernel forces the kernel)"));
   lines.push_back("float16: " + lib);
   return lines;
 }
@@ -814,6 +965,10 @@ at::Tensor cpu_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     case CpuAttentionPath::kAvx512Bf16:
       pack_bf16(k, v, s, pk);
       attend<Avx512Bf16Ops>(q, s, pk, out);
+      break;
+    case CpuAttentionPath::kAmxBf16:
+      pack_bf16(k, v, s, pk);
+      attend<AmxBf16Ops>(q, s, pk, out);
       break;
     case CpuAttentionPath::kAvx512:
       pack_f32(k, v, s, pk);
