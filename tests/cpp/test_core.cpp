@@ -1018,8 +1018,8 @@ TEST(UnitNetwork, BFloat16AttentionKernelAsCloseAsLibTorchs) {
   at::manual_seed(4);
   const at::Tensor x = at::randn({1, 3, 256, 192});
   const at::Tensor a = f32.forward(x);
-  // Forced: on CPUs with AMX-BF16 bfloat16 runs LibTorch's attention by default; the kernel
-  // forced is the AMX one where the head dim is a multiple of 32, else the AVX512-BF16 one.
+  // Forced both ways: the kernel is the AMX one where it runs (this fixture's head dim is 32, and
+  // it is then the default), else the AVX512-BF16 one.
   const at::Tensor k = test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel", [&] {
                          return bf16.forward(x);
                        }).to(at::kFloat);

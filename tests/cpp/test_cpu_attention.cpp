@@ -89,18 +89,19 @@ TEST(UnitCpuAttention, PathFollowsTheCpu) {
   EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
                            [] { return cpu_attention_path(at::kFloat, 64); }),
             f32_kernel);
-  // bfloat16 runs the kernel on CPUs with AVX512-BF16 but without AMX-BF16 (whose tiles make
-  // LibTorch's attention the faster, or level with the library's AMX kernel); =kernel forces the
-  // widest kernel, the AMX one where it runs (head dims a multiple of 32).
+  // bfloat16 runs the kernel on CPUs with AVX512-BF16: its AMX path where the tiles run and take
+  // the head dim (a multiple of 32), else the AVX512-BF16 one except on CPUs with AMX-BF16 (whose
+  // tiles make LibTorch's attention the faster there); =kernel forces the widest kernel.
   const bool bf16_kernel = f.avx512_core() && f.avx512_bf16;
   const bool amx = cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kBFloat16, 64);
   EXPECT_TRUE(!amx || (f.amx_bf16_os() && bf16_kernel)) << "AMX ran without its CPU bits";
-  for (const int64_t hd : {64, 80}) {
-    EXPECT_EQ(cpu_attention_path(at::kBFloat16, hd),
-              bf16_kernel && core::attention::bfloat16_kernel_beats_libtorch(core::cpu_caps())
-                  ? CpuAttentionPath::kAvx512Bf16
-                  : CpuAttentionPath::kLibTorch);
-  }
+  const CpuAttentionPath vdp =
+      bf16_kernel && core::attention::bfloat16_kernel_beats_libtorch(core::cpu_caps())
+          ? CpuAttentionPath::kAvx512Bf16
+          : CpuAttentionPath::kLibTorch;
+  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 64), amx ? CpuAttentionPath::kAmxBf16 : vdp);
+  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 96), amx ? CpuAttentionPath::kAmxBf16 : vdp);
+  EXPECT_EQ(cpu_attention_path(at::kBFloat16, 80), vdp);
   EXPECT_EQ(test::with_env("SAPIENS_SEG_CPU_ATTENTION", "kernel",
                            [] { return cpu_attention_path(at::kBFloat16, 64); }),
             amx           ? CpuAttentionPath::kAmxBf16
@@ -259,6 +260,33 @@ TEST(UnitCpuAttention, AmxTilesAtTheirEdges) {
     EXPECT_LT((got.to(at::kFloat) - vdp.to(at::kFloat)).abs().max().item<double>(), 2e-2);
     EXPECT_LE(mean_err(got, ref), 1.2 * mean_err(vdp, ref) + 1e-5);
   }
+}
+
+// The packed panels are allocated uninitialised and only their padding is zeroed: a call whose K
+// and V are NaN leaves NaN in the blocks the allocator hands the next call of the same panel sizes,
+// whose keys past N (100 of a 128-key pad) and head-dim columns past hd (40 of 48) must still
+// come out as zeros. Every path this CPU runs, against the exact result.
+TEST(UnitCpuAttention, ReusedPanelsKeepTheirPaddingZero) {
+  int ran = 0;
+  for (CpuAttentionPath path : {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2,
+                                CpuAttentionPath::kAvx512Bf16, CpuAttentionPath::kAmxBf16}) {
+    const bool bf16 = path == CpuAttentionPath::kAvx512Bf16 || path == CpuAttentionPath::kAmxBf16;
+    const int64_t hd = path == CpuAttentionPath::kAmxBf16 ? 32 : 40;
+    const at::ScalarType dtype = bf16 ? at::kBFloat16 : at::kFloat;
+    if (!cpu_attention_runs(path, dtype, hd)) continue;
+    ++ran;
+    SCOPED_TRACE(core::attention::to_string(path));
+    for (int round = 0; round < 3; ++round) {
+      const Qkv poison = random_qkv({1, 2, 2, 128, hd}, dtype, 50);
+      const at::Tensor nan = at::full_like(poison.k, NAN);
+      cpu_attention(poison.q, nan, nan, path);
+      const Qkv x = random_qkv({1, 2, 2, 100, hd}, dtype, 51);
+      const at::Tensor got = cpu_attention(x.q, x.k, x.v, path);
+      ASSERT_TRUE(at::isfinite(got.to(at::kFloat)).all().item<bool>()) << "round " << round;
+      EXPECT_LT(max_err(got, exact(x)), bf16 ? 2e-2 : 2e-5);
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no kernel path runs on this CPU";
 }
 
 // q, k, v as v1 takes them from its fused qkv GEMM (strided views of one [B, N, 3, heads, hd]

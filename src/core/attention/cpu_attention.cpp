@@ -92,58 +92,90 @@ std::uint32_t bf16_pair(at::BFloat16 lo, at::BFloat16 hi) {
 // float32:
 //   K: [npad/64][hd][64]:   (tile, d, l) = K[tile*64 + l][d]
 //   V: [npad][nv*16]:       (t, d)       = V[t][d]
+//
+// The panels are LibTorch tensors, uninitialised but for their padding: a std::vector zero-filled
+// the whole 13 MB a layer (Sapiens2 0.4b in bfloat16) and, being freed at 6 MB and more, came back
+// as fresh pages every call, a fault per 4 KB; the allocator's reused blocks and the padding alone
+// written give the same panels.
 struct Packed {
-  std::vector<std::uint32_t> k16, v16;
-  std::vector<float> k32, v32;
+  at::Tensor k, v;                 // int32 words (bfloat16 pairs) or float32
   int64_t k_size = 0, v_size = 0;  // elements per (batch, kv head)
+  template <class Word>
+  const Word* k_data() const {
+    return static_cast<const Word*>(k.data_ptr());
+  }
+  template <class Word>
+  const Word* v_data() const {
+    return static_cast<const Word*>(v.data_ptr());
+  }
 };
 
-void pack_bf16(const at::Tensor& k, const at::Tensor& v, const Shape& s, Packed& out) {
-  const int64_t pairs = s.hd / 2, width = s.nv * 16;
-  out.k_size = s.npad * pairs;
-  out.v_size = s.npad / 2 * width;
-  out.k16.assign(static_cast<size_t>(s.B * s.Hk * out.k_size), 0);
-  out.v16.assign(static_cast<size_t>(s.B * s.Hk * out.v_size), 0);
+// Packs every (batch, kv head) with `one(bh, k panel, v panel)`, after zeroing what `one` leaves
+// unwritten: V's rows from v_used_rows on (v_rows rows of v_width words in all), which the
+// weighted sums multiply by zero probabilities (a NaN left there by an earlier call would make
+// them NaN); and, so that the panels are the same whatever the allocator hands out, the k_words
+// words of each key past N in K's last tile (their scores are masked) and V's columns past hd
+// (their sums are never stored).
+template <class Word, class One>
+void pack_any(const Shape& s, int64_t k_size, int64_t v_rows, int64_t v_width, int64_t k_words,
+              int64_t v_used_rows, Packed& out, const One& one) {
+  const auto dtype = std::is_same_v<Word, float> ? at::kFloat : at::kInt;
+  out.k_size = k_size;
+  out.v_size = v_rows * v_width;
+  out.k = at::empty({s.B * s.Hk * out.k_size}, at::TensorOptions().dtype(dtype));
+  out.v = at::empty({s.B * s.Hk * out.v_size}, at::TensorOptions().dtype(dtype));
   at::parallel_for(0, s.B * s.Hk, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / s.Hk, h = bh % s.Hk;
-      std::uint32_t* kp = out.k16.data() + bh * out.k_size;
-      std::uint32_t* vp = out.v16.data() + bh * out.v_size;
-      for (int64_t n = 0; n < s.N; ++n) {
-        const at::BFloat16* kr = row_ptr<at::BFloat16>(k, b, h, n);
-        std::uint32_t* kt = kp + (n / kCols) * pairs * kCols + n % kCols;
-        for (int64_t p = 0; p < pairs; ++p) kt[p * kCols] = bf16_pair(kr + 2 * p);
+      Word* kp = static_cast<Word*>(out.k.data_ptr()) + bh * out.k_size;
+      Word* vp = static_cast<Word*>(out.v.data_ptr()) + bh * out.v_size;
+      for (int64_t n = s.N; n < s.npad; ++n) {  // the keys of the last tile past N
+        Word* kt = kp + (n / kCols) * k_words * kCols + n % kCols;
+        for (int64_t p = 0; p < k_words; ++p) kt[p * kCols] = Word{0};
       }
-      for (int64_t t = 0; 2 * t < s.N; ++t) {
-        const at::BFloat16* v0 = row_ptr<at::BFloat16>(v, b, h, 2 * t);
-        const at::BFloat16* v1 = 2 * t + 1 < s.N ? v0 + v.stride(2) : nullptr;
-        std::uint32_t* vr = vp + t * width;
-        for (int64_t d = 0; d < s.hd; ++d) vr[d] = bf16_pair(v0[d], v1 ? v1[d] : at::BFloat16(0));
+      for (int64_t t = 0; t < v_used_rows; ++t) {
+        std::fill(vp + t * v_width + s.hd, vp + (t + 1) * v_width, Word{0});
       }
+      std::fill(vp + v_used_rows * v_width, vp + out.v_size, Word{0});
+      one(bh, kp, vp);
     }
   });
 }
 
+void pack_bf16(const at::Tensor& k, const at::Tensor& v, const Shape& s, Packed& out) {
+  const int64_t pairs = s.hd / 2, width = s.nv * 16;
+  pack_any<std::uint32_t>(s, s.npad * pairs, s.npad / 2, width, pairs, (s.N + 1) / 2, out,
+                          [&](int64_t bh, std::uint32_t* kp, std::uint32_t* vp) {
+                            const int64_t b = bh / s.Hk, h = bh % s.Hk;
+                            for (int64_t n = 0; n < s.N; ++n) {
+                              const at::BFloat16* kr = row_ptr<at::BFloat16>(k, b, h, n);
+                              std::uint32_t* kt = kp + (n / kCols) * pairs * kCols + n % kCols;
+                              for (int64_t p = 0; p < pairs; ++p)
+                                kt[p * kCols] = bf16_pair(kr + 2 * p);
+                            }
+                            for (int64_t t = 0; 2 * t < s.N; ++t) {
+                              const at::BFloat16* v0 = row_ptr<at::BFloat16>(v, b, h, 2 * t);
+                              const at::BFloat16* v1 = 2 * t + 1 < s.N ? v0 + v.stride(2) : nullptr;
+                              std::uint32_t* vr = vp + t * width;
+                              for (int64_t d = 0; d < s.hd; ++d) {
+                                vr[d] = bf16_pair(v0[d], v1 ? v1[d] : at::BFloat16(0));
+                              }
+                            }
+                          });
+}
+
 void pack_f32(const at::Tensor& k, const at::Tensor& v, const Shape& s, Packed& out) {
   const int64_t width = s.nv * 16;
-  out.k_size = s.npad * s.hd;
-  out.v_size = s.npad * width;
-  out.k32.assign(static_cast<size_t>(s.B * s.Hk * out.k_size), 0.f);
-  out.v32.assign(static_cast<size_t>(s.B * s.Hk * out.v_size), 0.f);
-  at::parallel_for(0, s.B * s.Hk, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / s.Hk, h = bh % s.Hk;
-      float* kp = out.k32.data() + bh * out.k_size;
-      float* vp = out.v32.data() + bh * out.v_size;
-      for (int64_t n = 0; n < s.N; ++n) {
-        const float* kr = row_ptr<float>(k, b, h, n);
-        float* kt = kp + (n / kCols) * s.hd * kCols + n % kCols;
-        for (int64_t d = 0; d < s.hd; ++d) kt[d * kCols] = kr[d];
-        std::memcpy(vp + n * width, row_ptr<float>(v, b, h, n),
-                    static_cast<size_t>(s.hd) * sizeof(float));
-      }
-    }
-  });
+  pack_any<float>(s, s.npad * s.hd, s.npad, width, s.hd, s.N, out,
+                  [&](int64_t bh, float* kp, float* vp) {
+                    const int64_t b = bh / s.Hk, h = bh % s.Hk;
+                    for (int64_t n = 0; n < s.N; ++n) {
+                      const float* kr = row_ptr<float>(k, b, h, n);
+                      float* kt = kp + (n / kCols) * s.hd * kCols + n % kCols;
+                      for (int64_t d = 0; d < s.hd; ++d) kt[d * kCols] = kr[d];
+                      std::memcpy(vp + n * width, row_ptr<float>(v, b, h, n),
+                                  static_cast<size_t>(s.hd) * sizeof(float));
+                    }
+                  });
 }
 
 #ifdef SAPIENS_SEG_X86
@@ -687,20 +719,8 @@ struct KernelOps {
   static constexpr int64_t per_word = bf16 ? 2 : 1;
   using Out = OutT;
   using Word = std::conditional_t<bf16, std::uint32_t, float>;
-  static const std::vector<Word>& k(const Packed& p) {
-    if constexpr (bf16) {
-      return p.k16;
-    } else {
-      return p.k32;
-    }
-  }
-  static const std::vector<Word>& v(const Packed& p) {
-    if constexpr (bf16) {
-      return p.v16;
-    } else {
-      return p.v32;
-    }
-  }
+  static const Word* k(const Packed& p) { return p.k_data<Word>(); }
+  static const Word* v(const Packed& p) { return p.v_data<Word>(); }
   static constexpr auto scores = Scores;      // (q, qw, k tile, scores, stride)
   static constexpr auto softmax = Softmax;    // (scores row, N, npad, c, e row) -> sum
   static constexpr auto weighted = Weighted;  // (nv, e, npad, packed V, sums)
@@ -747,8 +767,8 @@ void attend_rows(const at::Tensor& q, const Shape& s, const Packed& pk, int64_t 
   using Out = typename Ops::Out;
   const int64_t kvh = h / s.group(), bk = b * s.Hk + kvh, width = s.nv * 16;
   const int64_t qw = s.hd / Ops::per_word, ew = s.npad / Ops::per_word, out_row = s.Hq * s.hd;
-  const Word* kp = Ops::k(pk).data() + bk * pk.k_size;
-  const Word* vp = Ops::v(pk).data() + bk * pk.v_size;
+  const Word* kp = Ops::k(pk) + bk * pk.k_size;
+  const Word* vp = Ops::v(pk) + bk * pk.v_size;
   for (int64_t m0 = r0; m0 < r1; m0 += Ops::rows) {
     const int64_t rows = std::min(Ops::rows, r1 - m0);
     // The tile's query rows, zero-padded to Ops::rows (padded rows' results are never stored).
@@ -875,16 +895,17 @@ bool bfloat16_kernel_beats_libtorch(const CpuCaps& caps) {
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd) {
   if (forced_libtorch()) return CpuAttentionPath::kLibTorch;
   // Widest first: the AMX tiles, then the AVX-512 vectors (twice the work per instruction of the
-  // AVX2 ones). The AMX path runs only when forced: on the AMX Xeon it ran the networks' hd-64
-  // attention 0.93-1.35x as fast as LibTorch's own on the same tiles alone
-  // (benchmarks/results/intel-xeon-amx/cpu-attention-amx-tiles.json), but whole bfloat16 calls
-  // came out level (0.98-1.08x by run and model; ab/cpu-attention-amx-tiles-ab-*.json).
+  // AVX2 ones). The AMX path wherever it runs: on the AMX Xeon whole bfloat16 calls
+  // ran 1.006-1.052x as fast with it as with LibTorch's own AMX attention (network medians of three
+  // in-process A/Bs per model, 2026-12-07;
+  // benchmarks/results/intel-xeon-amx/ab/cpu-attention-amx-tiles-ab*.json), the attention
+  // alone 1.21-1.29x (cpu-attention-amx-tiles.json).
   for (CpuAttentionPath p : {CpuAttentionPath::kAmxBf16, CpuAttentionPath::kAvx512Bf16,
                              CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2}) {
     if (cpu_attention_runs(p, dtype, hd)) {
-      const bool pays = p == CpuAttentionPath::kAmxBf16 ? forced_attention() == "kernel"
-                        : dtype == at::kFloat           ? float32_kernel_pays_off()
-                                                        : bfloat16_kernel_pays_off();
+      const bool pays =
+          p == CpuAttentionPath::kAmxBf16 ||
+          (dtype == at::kFloat ? float32_kernel_pays_off() : bfloat16_kernel_pays_off());
       return pays ? p : CpuAttentionPath::kLibTorch;
     }
   }
@@ -916,12 +937,13 @@ std::vector<std::string> cpu_attention_lines() {
   const bool amx = cpu_attention_runs(CpuAttentionPath::kAmxBf16, at::kBFloat16, 64);
   lines.push_back(
       "bfloat16: " +
-      (!f.avx512_core()             ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
-       : !f.avx512_bf16             ? lib + " (the library's kernel needs AVX512-BF16)"
-       : bfloat16_kernel_pays_off() ? std::string("the library's AVX512-BF16 kernel")
-       : amx
-           ? lib + " (on AMX-BF16 tiles, level with the library's AMX-BF16 kernel in whole calls; "
-                   "SAPIENS_SEG_CPU_ATTENTION=kernel forces the kernel)"
+      (!f.avx512_core() ? lib + " (the library's kernel needs AVX-512 F/BW/DQ/VL, FMA)"
+       : !f.avx512_bf16 ? lib + " (the library's kernel needs AVX512-BF16)"
+       : amx ? std::string("the library's AMX-BF16 kernel where the head dim is a multiple of 32 "
+                           "(Sapiens v1 0.3b/1b, Sapiens2 0.4b/1b); elsewhere ") +
+                   lib + " (on AMX-BF16 tiles, about 3x the library's AVX512-BF16 kernel)"
+       : bfloat16_kernel_pays_off()
+           ? std::string("the library's AVX512-BF16 kernel")
            : lib + " (on AMX-BF16 tiles, about 3x the library's AVX512-BF16 kernel; "
                    "SAPIENS_SEG_CPU_ATTENTION=kernel forces the kernel)"));
   lines.push_back("float16: " + lib);

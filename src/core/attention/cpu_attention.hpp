@@ -38,9 +38,9 @@ const char* to_string(CpuAttentionPath path);
 // (on an Intel Xeon with two FMA ports LibTorch's float32 attention, on MKL's GEMMs, ran
 // 1.06-1.75x faster than the kernel at hd 64 and 80; benchmarks/results/cpu-attention-xeon.json).
 // bfloat16 likewise keeps LibTorch's attention on CPUs with AMX-BF16 (bfloat16_kernel_beats_
-// libtorch), whose AMX path (kAmxBf16) came out level with LibTorch's in whole calls.
-// SAPIENS_SEG_CPU_ATTENTION=libtorch forces kLibTorch, =kernel the widest kernel the CPU runs
-// (kAmxBf16 where it takes the head dim; A/B benchmarks, tests).
+// libtorch), except where the kernel's AMX path (kAmxBf16) takes the head dim: it ran whole
+// bfloat16 calls a little faster than LibTorch's own AMX attention. SAPIENS_SEG_CPU_ATTENTION=
+// libtorch forces kLibTorch, =kernel the widest kernel the CPU runs (A/B benchmarks, tests).
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd);
 
 // The bfloat16 half of that rule, for the CPU `caps` describes: false with AMX-BF16, whose tiles
