@@ -2,11 +2,12 @@
 //
 // LibTorch's CPU kernel (at::scaled_dot_product_attention) runs its blocks through generic GEMM
 // calls and, without AMX, gets no faster in bfloat16 than in float32 (benchmarks/
-// cpu_dtype_probe.py; with AMX-BF16 its blocks run on the tiles and it wins, see below). This one
-// is written for the networks' shapes (thousands of tokens, head dims up to 128; the models use
-// 60 to 80): packed K and V per head, register-tiled AVX-512 dot products (VDPBF16PS for
-// bfloat16: bf16 products summed in float32; an AVX2 + FMA twin for float32 on CPUs without
-// AVX-512), and an exact softmax over each query row's scores, which stay in float32.
+// cpu_dtype_probe.py; with AMX-BF16 its blocks run on the tiles, see below). This one is written
+// for the networks' shapes (thousands of tokens, head dims up to 128; the models use 60 to 80):
+// packed K and V per head, register-tiled AVX-512 dot products (VDPBF16PS for bfloat16: bf16
+// products summed in float32; an AVX2 + FMA twin for float32 on CPUs without AVX-512; the AMX
+// tiles' TDPBF16PS for bfloat16 where the CPU has them), and an exact softmax over each query
+// row's scores, which stay in float32.
 //
 // Arithmetic, as LibTorch's kernel does it in each dtype: scores and their softmax in float32;
 // in bfloat16 the probabilities are rounded to bfloat16 before they weight V, and the float32 sum
@@ -43,8 +44,9 @@ const char* to_string(CpuAttentionPath path);
 // libtorch forces kLibTorch, =kernel the widest kernel the CPU runs (A/B benchmarks, tests).
 CpuAttentionPath cpu_attention_path(at::ScalarType dtype, int64_t hd);
 
-// The bfloat16 half of that rule, for the CPU `caps` describes: false with AMX-BF16, whose tiles
-// LibTorch's own attention uses (about 3x the kernel's speed on a Sapphire Rapids-class Xeon).
+// The bfloat16 half of that rule for the AVX512-BF16 path, for the CPU `caps` describes: false
+// with AMX-BF16, whose tiles LibTorch's own attention uses (about 3x that path's speed on a
+// Sapphire Rapids-class Xeon; the kAmxBf16 path is the faster there where it runs).
 bool bfloat16_kernel_beats_libtorch(const CpuCaps& caps);
 
 // Whether `path` can run `dtype` with head dim `hd` on this CPU (kLibTorch always can). A CPU

@@ -196,8 +196,8 @@ Network::Network(const TensorMap& t, Config config, at::Device device, at::Scala
 
 namespace {
 
-constexpr int64_t kMlpRows =
-    1024;  // tokens per chunk of the backbone's MLP on the CPU (cpu/row_chunks.hpp)
+// Tokens per chunk of the backbone's MLP on the CPU (cpu/row_chunks.hpp).
+constexpr int64_t kMlpRows = 1024;
 
 }  // namespace
 
