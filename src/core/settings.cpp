@@ -102,8 +102,9 @@ constexpr std::array kVariables{
              "`auto`: the wide float32 layers, except on AMD CPUs with AVX-512 (docs/cpu.md)",
              kEachCall},
     Variable{"SAPIENS_SEG_CPU_ATTENTION",
-             "`libtorch` runs LibTorch's attention on the CPU, `kernel` the library's kernel "
-             "wherever the CPU can run it (other values are ignored)",
+             "`libtorch` runs LibTorch's attention on the CPU, `kernel` the library's widest "
+             "kernel the CPU can run (its AMX-BF16 path on AMX CPUs at head dims that are a "
+             "multiple of 32; other values are ignored)",
              "chosen per CPU and dtype (docs/cpu.md)", kEachCall},
     Variable{"SAPIENS_SEG_CPU_FUSE",
              "`off` runs Sapiens2's CPU blocks as the module's ops one by one instead of the "
