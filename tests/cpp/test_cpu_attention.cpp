@@ -264,8 +264,10 @@ TEST(UnitCpuAttention, AmxTilesAtTheirEdges) {
 
 // The packed panels are allocated uninitialised and only their padding is zeroed: a call whose K
 // and V are NaN leaves NaN in the blocks the allocator hands the next call of the same panel sizes,
-// whose keys past N (100 of a 128-key pad) and head-dim columns past hd (40 of 48) must still
-// come out as zeros. Every path this CPU runs, against the exact result.
+// whose V rows past N (100 keys of a 128-key pad) must still come out as zeros, or their zero
+// probabilities turn every output NaN. Every path this CPU runs, against the exact result. (K's
+// padded keys and V's columns past hd are zeroed too, but a NaN there would not show: those scores
+// are masked and those sums never stored.)
 TEST(UnitCpuAttention, ReusedPanelsKeepTheirPaddingZero) {
   int ran = 0;
   for (CpuAttentionPath path : {CpuAttentionPath::kAvx512, CpuAttentionPath::kAvx2,
