@@ -493,32 +493,38 @@ SAPIENS_SEG_AMX void amx_end() {
   _tile_release();
 }
 
+// c[32][32] (float32, rows c_ld floats apart) = a . b over `words` pair words: a is 32 rows of
+// pair words (a_ld apart), b `words` rows of 32 pair-word columns (b_ld apart), as two row tiles by
+// two column tiles, 16 pair words (32 bf16) a step.
+SAPIENS_SEG_AMX void tile_block(const std::uint32_t* a, int64_t a_ld, const std::uint32_t* b,
+                                int64_t b_ld, int64_t words, float* c, int64_t c_ld) {
+  const auto as = static_cast<size_t>(a_ld * 4), bs = static_cast<size_t>(b_ld * 4),
+             cs = static_cast<size_t>(c_ld * 4);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t p = 0; p < words; p += 16) {
+    _tile_loadd(4, a + p, as);
+    _tile_loadd(5, a + 16 * a_ld + p, as);
+    _tile_loadd(6, b + p * b_ld, bs);
+    _tile_loadd(7, b + p * b_ld + 16, bs);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, cs);
+  _tile_stored(1, c + 16, cs);
+  _tile_stored(2, c + 16 * c_ld, cs);
+  _tile_stored(3, c + 16 * c_ld + 16, cs);
+}
+
 // Scores of kAmxRows query rows (rows of qw pair words) against one packed 64-key tile
 // ([qw][kCols] words), 32 keys at a time.
 SAPIENS_SEG_AMX void scores_amx(const std::uint32_t* q, int64_t qw, const std::uint32_t* kt,
                                 float* s, int64_t s_stride) {
-  const auto qs = static_cast<size_t>(qw * 4), ks = static_cast<size_t>(kCols * 4),
-             ss = static_cast<size_t>(s_stride * 4);
-  for (int64_t j = 0; j < kCols; j += 32) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t p = 0; p < qw; p += 16) {
-      _tile_loadd(4, q + p, qs);
-      _tile_loadd(5, q + 16 * qw + p, qs);
-      _tile_loadd(6, kt + p * kCols + j, ks);
-      _tile_loadd(7, kt + p * kCols + j + 16, ks);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, s + j, ss);
-    _tile_stored(1, s + j + 16, ss);
-    _tile_stored(2, s + 16 * s_stride + j, ss);
-    _tile_stored(3, s + 16 * s_stride + j + 16, ss);
-  }
+  for (int64_t j = 0; j < kCols; j += 32) tile_block(q, qw, kt + j, kCols, qw, s + j, s_stride);
 }
 
 // o[i][0 .. 16*nv) = sum over keys of e[i][key] * V[key] for kAmxRows rows (e rows of npad/2
@@ -527,28 +533,9 @@ SAPIENS_SEG_AMX void weighted_amx(int64_t nv, const void* e_words, int64_t npad,
                                   const void* v_words, float* o) {
   const auto* e = static_cast<const std::uint32_t*>(e_words);
   const auto* vp = static_cast<const std::uint32_t*>(v_words);
-  const int64_t ew = npad / 2, width = nv * 16;
-  const auto es = static_cast<size_t>(ew * 4), vs = static_cast<size_t>(width * 4);
-  for (int64_t c = 0; c < width; c += 32) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t t = 0; t < ew; t += 16) {
-      _tile_loadd(4, e + t, es);
-      _tile_loadd(5, e + 16 * ew + t, es);
-      _tile_loadd(6, vp + t * width + c, vs);
-      _tile_loadd(7, vp + t * width + c + 16, vs);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, o + c, vs);
-    _tile_stored(1, o + c + 16, vs);
-    _tile_stored(2, o + 16 * width + c, vs);
-    _tile_stored(3, o + 16 * width + c + 16, vs);
-  }
+  const int64_t width = nv * 16;
+  for (int64_t c = 0; c < width; c += 32)
+    tile_block(e, npad / 2, vp + c, width, npad / 2, o + c, width);
 }
 
 // ---- AVX2 + FMA, float32 only (CPUs without AVX-512: Zen 1-3, Haswell to Alder Lake) ---------
